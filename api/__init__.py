@@ -1,0 +1,1 @@
+"""The HTTP face of Tally: Falcon resources and the pieces they share."""

@@ -1,0 +1,106 @@
+"""Every error body Tally sends is built here: {"ok": false, "error": {"code", "message"}}."""
+
+from __future__ import annotations
+
+import logging
+
+import falcon
+import orjson
+
+log = logging.getLogger("tally")
+
+CODES_BY_STATUS = {
+    400: "invalid_input",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "invalid_input",
+    429: "quota_exceeded",
+    503: "rate_limited",
+}
+
+
+class ApiError(Exception):
+    """An answer other than success, carried up to the one handler that writes it."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+def invalid_input(message: str) -> ApiError:
+    return ApiError(400, "invalid_input", message)
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, "invalid_input", f"request body is larger than {limit} bytes")
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, "unauthorized", message)
+
+
+def forbidden(message: str) -> ApiError:
+    return ApiError(403, "forbidden", message)
+
+
+def not_found(message: str) -> ApiError:
+    return ApiError(404, "not_found", message)
+
+
+def rate_limited(message: str = "the ingest queue is full; retry after 2 seconds") -> ApiError:
+    return ApiError(503, "rate_limited", message, {"Retry-After": "2"})
+
+
+def quota_exceeded(retry_after: int) -> ApiError:
+    return ApiError(
+        429,
+        "quota_exceeded",
+        "monthly event quota exceeded; it resets at the start of next month (UTC)",
+        {"Retry-After": str(retry_after)},
+    )
+
+
+def error_body(code: str, message: str) -> bytes:
+    return orjson.dumps({"ok": False, "error": {"code": code, "message": message}})
+
+
+def _write(resp: falcon.Response, status: int, code: str, message: str, headers: dict) -> None:
+    resp.status = status
+    resp.content_type = "application/json"
+    resp.data = error_body(code, message)
+    for name, value in headers.items():
+        resp.set_header(name, value)
+
+
+def handle_api_error(req, resp, exc: ApiError, params) -> None:
+    _write(resp, exc.status, exc.code, exc.message, exc.headers)
+
+
+def handle_http_error(req, resp, exc: falcon.HTTPError, params) -> None:
+    """Errors Falcon raises itself: unknown route, wrong method, bad headers."""
+    status = exc.status_code
+    code = CODES_BY_STATUS.get(status, "internal_error" if status >= 500 else "invalid_input")
+    if status == 404:
+        message = f"no such resource: {req.path}"
+    elif status == 405:
+        message = f"method {req.method} is not allowed on {req.path}"
+    else:
+        message = exc.description or exc.title or "invalid request"
+    headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() in ("allow", "retry-after")}
+    _write(resp, status, code, message, headers)
+
+
+def handle_unexpected(req, resp, exc: Exception, params) -> None:
+    log.error("unhandled error on %s %s", req.method, req.path, exc_info=exc)
+    _write(resp, 500, "internal_error", "internal server error", {})
+
+
+def install(app: falcon.App) -> None:
+    app.add_error_handler(Exception, handle_unexpected)
+    app.add_error_handler(falcon.HTTPError, handle_http_error)
+    app.add_error_handler(ApiError, handle_api_error)

@@ -1,0 +1,92 @@
+"""Tally's WSGI application.
+
+`create_app` takes its dependencies (config, database, clock, randomness) and
+returns the application; `app` below is what `gunicorn app:app` serves. Building
+it opens no file and starts no thread: the database opens on first use, and
+background threads start in `Tally.start()`, which gunicorn.conf.py calls in
+each worker after the fork.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+
+import falcon
+
+from api import errors
+from api.auth import Authenticator
+from api.bodies import write_json
+from config import Config
+from storage.db import Database
+from storage.directory import Directory
+
+
+class Health:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def on_get(self, req, resp):
+        self.db.conn().execute("SELECT 1").fetchone()
+        write_json(resp, {"ok": True, "data": {"status": "ok"}})
+
+
+class CurrentKey:
+    """GET /api/v1/key: which key, site and scopes a secret stands for."""
+
+    def __init__(self, auth: Authenticator):
+        self.auth = auth
+
+    def on_get(self, req, resp):
+        key = self.auth.authenticate(req.get_header("Authorization"), scope=None)
+        data = {"id": key.public_id, "site": key.site_public_id, "scopes": sorted(key.scopes)}
+        write_json(resp, {"ok": True, "data": data})
+
+
+class Tally:
+    """The WSGI callable plus the lifecycle of its background work."""
+
+    def __init__(self, config: Config, db: Database, clock: Callable[[], float],
+                 random_bytes: Callable[[int], bytes]):
+        self.config = config
+        self.db = db
+        self.clock = clock
+        self.random_bytes = random_bytes
+        self.directory = Directory(db, clock, random_bytes)
+        self.auth = Authenticator(self.directory, clock)
+        self.services: list = []
+        self.wsgi = falcon.App(media_type="application/json")
+        errors.install(self.wsgi)
+        self.wsgi.add_route("/healthz", Health(db))
+        self.wsgi.add_route("/api/v1/key", CurrentKey(self.auth))
+
+    def __call__(self, environ, start_response):
+        return self.wsgi(environ, start_response)
+
+    def start(self) -> None:
+        for service in self.services:
+            service.start()
+
+    def stop(self, timeout: float = 25.0) -> None:
+        for service in reversed(self.services):
+            service.stop(timeout)
+        self.db.close()
+
+
+def create_app(
+    config: Config | None = None,
+    *,
+    db: Database | None = None,
+    clock: Callable[[], float] = time.time,
+    random_bytes: Callable[[int], bytes] = secrets.token_bytes,
+) -> Tally:
+    config = config or Config()
+    return Tally(config, db or Database(config.db_path), clock, random_bytes)
+
+
+def create_app_from_env() -> Tally:
+    return create_app(Config.from_env())
+
+
+app = create_app_from_env()

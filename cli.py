@@ -1,0 +1,178 @@
+"""The `tally` admin command. Reads TALLY_DB (through config) like the server does.
+
+Every command takes --json and then prints exactly one JSON object on stdout.
+Errors print one line on stderr and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import orjson
+
+from config import Config, ConfigError
+from quota.plans import PLAN_NAMES
+from storage.db import Database, StorageError
+from storage.directory import SCOPES, Directory, InvalidArgument, NotFound
+
+
+class CliError(Exception):
+    """A failure to report on one line of stderr."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tally", description="Administer a Tally database.")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
+
+    commands.add_parser("init", help="create the database and apply the schema")
+
+    account = commands.add_parser("account", help="accounts and their plans").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    create = account.add_parser("create", help="create an account")
+    create.add_argument("--name", required=True)
+    create.add_argument("--plan", default="free", choices=PLAN_NAMES)
+    account.add_parser("list", help="list accounts")
+    set_plan = account.add_parser("set-plan", help="change an account's plan")
+    set_plan.add_argument("account_id", metavar="ACCOUNT_ID")
+    set_plan.add_argument("plan", metavar="PLAN", choices=PLAN_NAMES)
+
+    site = commands.add_parser("site", help="sites and their hostnames").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    create = site.add_parser("create", help="create a site")
+    create.add_argument("--account", required=True, metavar="ACCOUNT_ID")
+    create.add_argument("--host", required=True, action="append", metavar="HOST")
+    listing = site.add_parser("list", help="list sites")
+    listing.add_argument("--account", metavar="ACCOUNT_ID")
+
+    key = commands.add_parser("key", help="API keys").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    create = key.add_parser("create", help="create a key; its secret is shown once")
+    create.add_argument("--site", required=True, metavar="SITE_ID")
+    create.add_argument("--scope", required=True, action="append", choices=SCOPES)
+    listing = key.add_parser("list", help="list keys (never their secrets)")
+    listing.add_argument("--site", metavar="SITE_ID")
+    revoke = key.add_parser("revoke", help="revoke a key")
+    revoke.add_argument("key_id", metavar="KEY_ID")
+    return parser
+
+
+# Each handler returns (json_object, human_lines).
+Handler = Callable[[argparse.Namespace, "Context"], tuple[dict, list[str]]]
+HANDLERS: dict[tuple[str, str | None], Handler] = {}
+
+
+def command(group: str, action: str | None = None):
+    def register(fn: Handler) -> Handler:
+        HANDLERS[(group, action)] = fn
+        return fn
+    return register
+
+
+class Context:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time):
+        self.config = config
+        self.clock = clock
+        self.db = Database(config.db_path)
+        self.directory = Directory(self.db, clock)
+
+
+def table(rows: Sequence[dict], columns: Sequence[str]) -> list[str]:
+    """Aligned columns for people."""
+    cells = [[str(c).upper() for c in columns]]
+    for row in rows:
+        cells.append([_cell(row.get(c)) for c in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=False)).rstrip() for r in cells]
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+@command("init")
+def _init(args, ctx):
+    ctx.db.check_startup()
+    return {"db": ctx.config.db_path, "ok": True}, [f"database ready at {ctx.config.db_path}"]
+
+
+@command("account", "create")
+def _account_create(args, ctx):
+    account = ctx.directory.create_account(args.name, args.plan)
+    return account, table([account], ["id", "name", "plan"])
+
+
+@command("account", "list")
+def _account_list(args, ctx):
+    accounts = ctx.directory.list_accounts()
+    return {"accounts": accounts}, table(accounts, ["id", "name", "plan"])
+
+
+@command("account", "set-plan")
+def _account_set_plan(args, ctx):
+    account = ctx.directory.set_plan(args.account_id, args.plan)
+    return account, table([account], ["id", "name", "plan"])
+
+
+@command("site", "create")
+def _site_create(args, ctx):
+    site = ctx.directory.create_site(args.account, args.host)
+    return site, table([site], ["id", "account", "hosts"])
+
+
+@command("site", "list")
+def _site_list(args, ctx):
+    sites = ctx.directory.list_sites(args.account)
+    return {"sites": sites}, table(sites, ["id", "account", "hosts"])
+
+
+@command("key", "create")
+def _key_create(args, ctx):
+    key = ctx.directory.create_key(args.site, args.scope)
+    lines = table([key], ["id", "site", "scopes", "key"])
+    return key, lines + ["", "Store this key now: it is shown only once."]
+
+
+@command("key", "list")
+def _key_list(args, ctx):
+    keys = ctx.directory.list_keys(args.site)
+    return {"keys": keys}, table(keys, ["id", "site", "prefix", "scopes", "created_at", "revoked"])
+
+
+@command("key", "revoke")
+def _key_revoke(args, ctx):
+    result = ctx.directory.revoke_key(args.key_id)
+    return result, [f"revoked {args.key_id}"]
+
+
+def main(argv: Sequence[str] | None = None, *, context: Context | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --json is accepted anywhere on the line, before or after the command.
+    as_json = "--json" in argv
+    argv = [a for a in argv if a != "--json"]
+    args = build_parser().parse_args(argv)
+    try:
+        ctx = context or Context(Config.from_env())
+        handler = HANDLERS[(args.group, getattr(args, "action", None))]
+        result, lines = handler(args, ctx)
+    except (CliError, NotFound, InvalidArgument, ConfigError, StorageError) as exc:
+        print(f"tally: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(result) + b"\n")
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The one module that reads Tally's environment.
+
+Every other module receives a Config (or values taken from it) as an argument.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """An environment variable holds a value Tally cannot use."""
+
+
+@dataclass(frozen=True)
+class Config:
+    db_path: str = "var/tally.db"
+    queue_max: int = 10_000
+    flush_interval: float = 1.0
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
+        env = os.environ if environ is None else environ
+        defaults = cls()
+        return cls(
+            db_path=env.get("TALLY_DB") or defaults.db_path,
+            queue_max=_positive_int(env, "TALLY_QUEUE_MAX", defaults.queue_max),
+            flush_interval=_positive_float(env, "TALLY_FLUSH_INTERVAL", defaults.flush_interval),
+            log_level=(env.get("TALLY_LOG_LEVEL") or defaults.log_level).upper(),
+        )
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None
+    if value < 1:
+        raise ConfigError(f"{name} must be at least 1, not {value}")
+    return value
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, not {raw!r}") from None
+    if not 0 < value <= 3600:
+        raise ConfigError(f"{name} must be between 0 and 3600 seconds, not {raw}")
+    return value

@@ -1,0 +1,45 @@
+"""gunicorn settings for Tally, picked up from the repo root by `gunicorn app:app`.
+
+Command-line flags (--bind, --workers) override these values.
+"""
+
+import logging
+import sys
+
+bind = "127.0.0.1:8000"
+workers = 2
+# One sync worker per core measured fastest for this service (see README, Performance).
+worker_class = "sync"
+timeout = 30
+# SIGTERM gives each worker this long to finish its request and flush its queue.
+graceful_timeout = 30
+# Bounds on what gunicorn reads before the application sees a request.
+limit_request_line = 4094
+limit_request_fields = 50
+limit_request_field_size = 8190
+
+
+def on_starting(server):
+    """Refuse to start, in the master, when the database cannot be opened or is corrupt."""
+    from app import create_app_from_env
+    from storage.db import StorageError
+
+    try:
+        create_app_from_env().db.check_startup()
+    except StorageError as exc:
+        server.log.error("tally: %s", exc)
+        sys.exit(1)
+
+
+def post_worker_init(worker):
+    tally_log = logging.getLogger("tally")
+    tally_log.handlers = list(worker.log.error_log.handlers)
+    tally_log.setLevel(worker.wsgi.config.log_level)
+    tally_log.propagate = False
+    worker.wsgi.start()
+
+
+def worker_exit(server, worker):
+    wsgi = getattr(worker, "wsgi", None)
+    if wsgi is not None and hasattr(wsgi, "stop"):
+        wsgi.stop(timeout=graceful_timeout - 5)

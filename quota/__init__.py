@@ -1,0 +1,1 @@
+"""Monthly event allowances per plan."""

@@ -1,0 +1,21 @@
+"""Plans and their monthly event allowances (spec: Limits, Monthly event quota)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    allowance: int
+    cap: int
+
+
+PLANS: dict[str, Plan] = {
+    "free": Plan("free", 10_000, 11_000),
+    "starter": Plan("starter", 100_000, 200_000),
+    "growth": Plan("growth", 1_000_000, 2_000_000),
+    "scale": Plan("scale", 10_000_000, 20_000_000),
+}
+PLAN_NAMES = tuple(PLANS)

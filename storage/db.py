@@ -1,0 +1,146 @@
+"""Connections to the SQLite file and the schema they need.
+
+Opening is lazy: constructing a Database touches no file, so importing the app
+starts nothing. Each thread gets its own connection; the schema is applied once
+per process, the first time any connection is made.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema.sql"
+SCHEMA_SQL = SCHEMA_PATH.read_text(encoding="utf-8")
+SCHEMA_VERSION = int(re.search(r"PRAGMA user_version = (\d+);", SCHEMA_SQL).group(1))
+
+# How long a request-path write waits for the write lock before it is answered 503.
+BUSY_TIMEOUT_MS = 5_000
+
+
+class StorageError(Exception):
+    """The database cannot do what was asked (corrupt, unwritable, full)."""
+
+
+class StorageBusy(StorageError):
+    """A transient condition: the write lock stayed taken past the bounded wait."""
+
+
+def is_transient(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return "locked" in str(exc) or "busy" in str(exc)
+    return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+class Database:
+    def __init__(self, path: str, *, synchronous: str = "FULL"):
+        self.path = path
+        self.synchronous = synchronous
+        self._local = threading.local()
+        self._schema_lock = threading.Lock()
+        self._schema_pid: int | None = None
+
+    def connect(self, *, synchronous: str | None = None) -> sqlite3.Connection:
+        """A new connection in autocommit mode; transactions are explicit."""
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {synchronous or self.synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._ensure_schema(conn)
+        except sqlite3.DatabaseError:
+            conn.close()
+            raise
+        return conn
+
+    def conn(self) -> sqlite3.Connection:
+        """This thread's connection, opened on first use and after a fork."""
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            local.conn = self.connect()
+            local.pid = os.getpid()
+        return local.conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            conn.close()
+        self._local = threading.local()
+
+    @contextmanager
+    def transaction(self, conn: sqlite3.Connection | None = None):
+        """BEGIN IMMEDIATE ... COMMIT, with errors mapped to StorageBusy/StorageError."""
+        conn = conn or self.conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _storage_error(exc) from exc
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise _storage_error(exc) from exc
+            raise
+
+    def check_startup(self) -> None:
+        """Open, apply the schema and run a quick integrity check, or raise StorageError."""
+        try:
+            conn = self.connect()
+            try:
+                row = conn.execute("PRAGMA quick_check").fetchone()
+            finally:
+                conn.close()
+        except (sqlite3.Error, OSError) as exc:
+            raise StorageError(f"cannot open database {self.path}: {exc}") from exc
+        if row[0] != "ok":
+            raise StorageError(f"database {self.path} failed its integrity check: {row[0]}")
+
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        if self._schema_pid == os.getpid():
+            return
+        with self._schema_lock:
+            if self._schema_pid == os.getpid():
+                return
+            if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                        for statement in _statements(SCHEMA_SQL):
+                            conn.execute(statement)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            self._schema_pid = os.getpid()
+
+
+def _statements(script: str) -> list[str]:
+    """Split schema.sql into statements so it can run inside one transaction."""
+    statements, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        if not buffer and line.lstrip().startswith("--"):
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    return [s for s in statements if s]
+
+
+def _storage_error(exc: sqlite3.Error) -> StorageError:
+    if is_transient(exc):
+        return StorageBusy(str(exc))
+    return StorageError(str(exc))
