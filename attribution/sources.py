@@ -1,0 +1,151 @@
+"""Where a visit came from: referrer host, UTM values and click ids -> a named source.
+
+Pure functions over the data in attribution/data/sources.json (built by
+attribution/build_sources.py from Matomo's CC0 lists and Tally's curated lists).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+SOURCES_JSON = Path(__file__).resolve().parent / "data" / "sources.json"
+
+CATEGORIES = ("search", "social", "video", "shopping", "ai")
+CLICK_IDS = ("gclid", "gbraid", "wbraid", "msclkid", "fbclid")
+# A click id alone (no utm_source, no usable referrer) still names the network that added it.
+_CLICK_ID_SOURCES = (
+    ("gclid", "Google"), ("gbraid", "Google"), ("wbraid", "Google"),
+    ("msclkid", "Bing"), ("fbclid", "Facebook"),
+)
+_WWW_OR_MOBILE = re.compile(r"^(?:www\d*\.|m\.)+")
+_PORT = re.compile(r":\d*$")
+
+
+@dataclass(frozen=True)
+class Source:
+    """name: shown to people (utm_source as sent, a canonical name, or a host).
+    category: one of CATEGORIES when the source is a known site, else None."""
+
+    name: str
+    category: str | None = None
+
+
+class SourceCatalog:
+    """Host patterns and names of known sources, with Matomo's `{}` country placeholder."""
+
+    def __init__(self, hosts: dict[str, list[str]], names: dict[str, list[str]],
+                 countries: Iterable[str]):
+        self._hosts = {pattern: Source(*entry) for pattern, entry in hosts.items()}
+        self._names = {name: Source(*entry) for name, entry in names.items()}
+        codes = "|".join(sorted(countries, key=lambda c: (-len(c), c)))
+        self._country_tld = re.compile(rf"(?:\.(?:com|org|net|co|it|edu))?\.(?:{codes})$")
+        self._country_subdomain = re.compile(rf"^(?:{codes})\.")
+
+    @classmethod
+    def load(cls, path: Path = SOURCES_JSON) -> SourceCatalog:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return cls(data["hosts"], data["names"], data["countries"])
+
+    def by_host(self, host: str) -> Source | None:
+        """The known source of a (normalized) host, or None.
+
+        Tries the host itself, then without www./m., each with country codes replaced
+        by `{}`; then, except for search engines (accounts.google.com is no search),
+        the parent domains, so l.facebook.com is Facebook and m.youtube.com YouTube.
+        """
+        base = _WWW_OR_MOBILE.sub("", host)
+        for candidate in (host, base):
+            for pattern in self._patterns(candidate):
+                if pattern in self._hosts:
+                    return self._hosts[pattern]
+        labels = base.split(".")
+        for start in range(1, len(labels) - 1):
+            for pattern in self._patterns(".".join(labels[start:])):
+                found = self._hosts.get(pattern)
+                if found is not None and found.category != "search":
+                    return found
+        return None
+
+    def by_name(self, value: str) -> Source | None:
+        """The known source a utm_source value names: 'google', 'fb', 'facebook.com'."""
+        key = value.strip().lower()
+        if key in self._names:
+            return self._names[key]
+        if "." in key:
+            return self.by_host(normalize_host(key))
+        return None
+
+    def _patterns(self, host: str) -> list[str]:
+        tld = self._country_tld.sub(".{}", host)
+        sub = self._country_subdomain.sub("{}.", host)
+        both = self._country_subdomain.sub("{}.", tld)
+        return list(dict.fromkeys((host, tld, sub, both)))
+
+
+@lru_cache(maxsize=1)
+def default_catalog() -> SourceCatalog:
+    return SourceCatalog.load()
+
+
+def normalize_host(host: str) -> str:
+    """Lower case, without port, brackets or a trailing dot."""
+    value = host.strip().lower()
+    if value.startswith("["):
+        return value[1:].split("]", 1)[0]
+    if value.count(":") == 1:
+        value = _PORT.sub("", value)
+    return value.rstrip(".")
+
+
+def strip_www(host: str) -> str:
+    return host[4:] if host.startswith("www.") else host
+
+
+def is_local(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified
+
+
+def is_own_host(host: str, site_hosts: Collection[str]) -> bool:
+    bare = strip_www(host)
+    return any(bare == strip_www(normalize_host(own)) for own in site_hosts)
+
+
+def resolve_source(
+    referrer_host: str | None,
+    utm_source: str | None,
+    click_ids: Iterable[str] = (),
+    site_hosts: Collection[str] = (),
+    catalog: SourceCatalog | None = None,
+) -> Source | None:
+    """The source of a visit, or None (a direct visit).
+
+    utm_source wins as sent; else a known referrer's canonical name (google.co.uk ->
+    Google, t.co -> Twitter), else the referrer host without www.; referrers from the
+    site's own hosts and from localhost count as none. Last, a click id alone names its
+    network (gclid -> Google, msclkid -> Bing, fbclid -> Facebook).
+    """
+    catalog = catalog or default_catalog()
+    if utm_source and utm_source.strip():
+        name = utm_source.strip()
+        known = catalog.by_name(name)
+        return Source(name, known.category if known else None)
+    host = normalize_host(referrer_host) if referrer_host else ""
+    if host and not is_local(host) and not is_own_host(host, site_hosts):
+        return catalog.by_host(host) or Source(strip_www(host))
+    present = set(click_ids)
+    for click_id, network in _CLICK_ID_SOURCES:
+        if click_id in present:
+            return catalog.by_name(network) or Source(network)
+    return None
