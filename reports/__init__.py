@@ -1,0 +1,5 @@
+"""Reports: revenue by first-touch channel, MRR and its movements, traffic statistics.
+
+The modules here are pure: they take plain rows and return plain dicts, so every
+figure can be checked by hand. The SQL that feeds them lives in `reports.queries`.
+"""
