@@ -18,6 +18,7 @@ import falcon
 from api import errors
 from api.auth import Authenticator
 from api.bodies import write_json
+from api.openapi import OpenApiDocument
 from config import Config
 from storage.db import Database
 from storage.directory import Directory
@@ -60,6 +61,7 @@ class Tally:
         errors.install(self.wsgi)
         self.wsgi.add_route("/healthz", Health(db))
         self.wsgi.add_route("/api/v1/key", CurrentKey(self.auth))
+        self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
 
     def __call__(self, environ, start_response):
         return self.wsgi(environ, start_response)

@@ -13,21 +13,26 @@ worker_class = "sync"
 timeout = 30
 # SIGTERM gives each worker this long to finish its request and flush its queue.
 graceful_timeout = 30
-# Bounds on what gunicorn reads before the application sees a request.
-limit_request_line = 4094
+# Bounds on what gunicorn reads before the application sees a request. The longest
+# legitimate request line (a report query, or a 128-character id percent-encoded)
+# is far below 2 KiB; the body limits (8 KiB / 64 KiB) are enforced by the app.
+limit_request_line = 2048
 limit_request_fields = 50
-limit_request_field_size = 8190
+limit_request_field_size = 4096
 
 
 def on_starting(server):
-    """Refuse to start, in the master, when the database cannot be opened or is corrupt."""
-    from app import create_app_from_env
+    """Refuse to start, in the master, when the configuration is bad or the database
+    cannot be opened, is corrupt or is read-only: a clear line and exit 1, no workers."""
+    from config import ConfigError
     from storage.db import StorageError
 
     try:
+        from app import create_app_from_env
+
         create_app_from_env().db.check_startup()
-    except StorageError as exc:
-        server.log.error("tally: %s", exc)
+    except (ConfigError, StorageError) as exc:
+        server.log.error("tally: refusing to start: %s", exc)
         sys.exit(1)
 
 

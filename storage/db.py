@@ -54,9 +54,10 @@ class Database:
         )
         try:
             conn.execute("PRAGMA journal_mode = WAL")
+            # sql-safe: PRAGMAs take no parameters; both values are constants chosen in code.
             conn.execute(f"PRAGMA synchronous = {synchronous or self.synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # sql-safe: constant
             self._ensure_schema(conn)
         except sqlite3.DatabaseError:
             conn.close()
@@ -96,11 +97,14 @@ class Database:
             raise
 
     def check_startup(self) -> None:
-        """Open, apply the schema and run a quick integrity check, or raise StorageError."""
+        """Open, apply the schema, run a quick integrity check and prove the file is
+        writable (SQLite opens a read-only file without complaint), or raise StorageError."""
         try:
             conn = self.connect()
             try:
                 row = conn.execute("PRAGMA quick_check").fetchone()
+                if row[0] == "ok":
+                    _probe_write(conn)
             finally:
                 conn.close()
         except (sqlite3.Error, OSError) as exc:
@@ -125,6 +129,16 @@ class Database:
                     conn.execute("ROLLBACK")
                     raise
             self._schema_pid = os.getpid()
+
+
+def _probe_write(conn: sqlite3.Connection) -> None:
+    """Rewrite user_version inside a rolled-back transaction: fails on a read-only file."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(f"PRAGMA user_version = {version}")  # sql-safe: an int read back from SQLite
+    finally:
+        conn.execute("ROLLBACK")
 
 
 def _statements(script: str) -> list[str]:

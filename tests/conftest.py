@@ -146,7 +146,8 @@ class Server:
         raise AssertionError(f"gunicorn not ready: {self.log()}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int:
