@@ -19,9 +19,11 @@ from api import errors
 from api.auth import Authenticator
 from api.bodies import write_json
 from api.openapi import OpenApiDocument
+from api.payments import PaymentsResource
 from config import Config
 from storage.db import Database
 from storage.directory import Directory
+from storage.payments import PaymentStore
 
 
 class Health:
@@ -61,6 +63,7 @@ class Tally:
         errors.install(self.wsgi)
         self.wsgi.add_route("/healthz", Health(db))
         self.wsgi.add_route("/api/v1/key", CurrentKey(self.auth))
+        self.wsgi.add_route("/api/v1/payments", PaymentsResource(self.auth, PaymentStore(db, clock)))
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
 
     def __call__(self, environ, start_response):

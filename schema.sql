@@ -40,6 +40,113 @@ CREATE TABLE IF NOT EXISTS api_keys (
 CREATE INDEX IF NOT EXISTS api_keys_site ON api_keys (site_id);
 
 -- Payments, customers, subscriptions (issue 3) -----------------------------
+-- Amounts are exact decimal text in major units, plain digits with at most one point and
+-- no trailing zeros ("10.5", "100"; validation/common.decimal_text): add them up with
+-- Decimal, never as REAL. Instants are kept as the caller's RFC 3339 text plus unix ms.
+
+CREATE TABLE IF NOT EXISTS customers (
+    id          INTEGER PRIMARY KEY,
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    customer_id TEXT    NOT NULL CHECK (length(customer_id) BETWEEN 1 AND 128),
+    email       TEXT    CHECK (email = lower(email) AND instr(email, '@') > 0),
+    user_id     TEXT,
+    visitor_id  TEXT,
+    name        TEXT,
+    country     TEXT    CHECK (length(country) = 2 AND country = upper(country)),
+    metadata    TEXT    CHECK (metadata IS NULL OR json_valid(metadata)),
+    -- paid_at (ms) of the newest payment whose values the fields hold
+    as_of_ms    INTEGER NOT NULL,
+    created_at  INTEGER NOT NULL,
+    updated_at  INTEGER NOT NULL,
+    UNIQUE (site_id, customer_id)
+);
+CREATE INDEX IF NOT EXISTS customers_user ON customers (site_id, user_id);
+CREATE INDEX IF NOT EXISTS customers_visitor ON customers (site_id, visitor_id);
+
+CREATE TABLE IF NOT EXISTS payments (
+    id              INTEGER PRIMARY KEY,
+    site_id         INTEGER NOT NULL REFERENCES sites (id),
+    payment_id      TEXT    NOT NULL CHECK (length(payment_id) BETWEEN 1 AND 128),
+    customer_id     TEXT    NOT NULL,
+    amount          TEXT    NOT NULL CHECK (amount GLOB '[0-9]*' AND amount NOT GLOB '*[^0-9.]*'
+                                            AND amount GLOB '*[1-9]*'),
+    currency        TEXT    NOT NULL CHECK (length(currency) = 3 AND currency = upper(currency)),
+    fee             TEXT    CHECK (fee GLOB '[0-9]*' AND fee NOT GLOB '*[^0-9.]*'),
+    kind            TEXT    NOT NULL CHECK (kind IN ('charge', 'refund', 'chargeback')),
+    status          TEXT    NOT NULL CHECK (status IN ('succeeded', 'pending', 'failed')),
+    paid_at         TEXT    NOT NULL,
+    paid_at_ms      INTEGER NOT NULL,
+    metadata        TEXT    CHECK (metadata IS NULL OR json_valid(metadata)),
+    subscription_id TEXT,
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL,
+    UNIQUE (site_id, payment_id),
+    FOREIGN KEY (site_id, customer_id) REFERENCES customers (site_id, customer_id)
+);
+CREATE INDEX IF NOT EXISTS payments_paid ON payments (site_id, paid_at_ms);
+CREATE INDEX IF NOT EXISTS payments_customer ON payments (site_id, customer_id);
+
+-- Every subscription block received, effective at its payment's paid_at: MRR at a past
+-- date is computed from these. One per payment: re-sending a payment replaces its own.
+CREATE TABLE IF NOT EXISTS subscription_observations (
+    id                    INTEGER PRIMARY KEY,
+    site_id               INTEGER NOT NULL REFERENCES sites (id),
+    payment_id            TEXT    NOT NULL,
+    subscription_id       TEXT    NOT NULL CHECK (length(subscription_id) BETWEEN 1 AND 128),
+    customer_id           TEXT    NOT NULL,
+    effective_at_ms       INTEGER NOT NULL,
+    currency              TEXT    NOT NULL,
+    plan                  TEXT,
+    interval              TEXT    CHECK (interval IN ('day', 'week', 'month', 'year')),
+    status                TEXT    NOT NULL CHECK (status IN ('active', 'trialing', 'past_due',
+                                                             'paused', 'canceled', 'ended')),
+    amount                TEXT    CHECK (amount GLOB '[0-9]*' AND amount NOT GLOB '*[^0-9.]*'),
+    started_at            TEXT    NOT NULL,
+    started_at_ms         INTEGER NOT NULL,
+    current_period_end    TEXT,
+    current_period_end_ms INTEGER,
+    canceled_at           TEXT,
+    canceled_at_ms        INTEGER,
+    ended_at              TEXT,
+    ended_at_ms           INTEGER,
+    received_at           INTEGER NOT NULL,
+    UNIQUE (site_id, payment_id),
+    FOREIGN KEY (site_id, payment_id) REFERENCES payments (site_id, payment_id)
+);
+CREATE INDEX IF NOT EXISTS subscription_observations_sub
+    ON subscription_observations (site_id, subscription_id, effective_at_ms);
+CREATE INDEX IF NOT EXISTS subscription_observations_time
+    ON subscription_observations (site_id, effective_at_ms);
+
+-- The latest state of each subscription: a copy of its observation with the greatest
+-- effective_at_ms (the later received on a tie), so a late retry of an old payment
+-- never rolls a subscription back.
+CREATE TABLE IF NOT EXISTS subscriptions (
+    id                    INTEGER PRIMARY KEY,
+    site_id               INTEGER NOT NULL REFERENCES sites (id),
+    subscription_id       TEXT    NOT NULL CHECK (length(subscription_id) BETWEEN 1 AND 128),
+    customer_id           TEXT    NOT NULL,
+    payment_id            TEXT    NOT NULL,
+    effective_at_ms       INTEGER NOT NULL,
+    currency              TEXT    NOT NULL,
+    plan                  TEXT,
+    interval              TEXT    CHECK (interval IN ('day', 'week', 'month', 'year')),
+    status                TEXT    NOT NULL CHECK (status IN ('active', 'trialing', 'past_due',
+                                                             'paused', 'canceled', 'ended')),
+    amount                TEXT    CHECK (amount GLOB '[0-9]*' AND amount NOT GLOB '*[^0-9.]*'),
+    started_at            TEXT    NOT NULL,
+    started_at_ms         INTEGER NOT NULL,
+    current_period_end    TEXT,
+    current_period_end_ms INTEGER,
+    canceled_at           TEXT,
+    canceled_at_ms        INTEGER,
+    ended_at              TEXT,
+    ended_at_ms           INTEGER,
+    updated_at            INTEGER NOT NULL,
+    UNIQUE (site_id, subscription_id)
+);
+CREATE INDEX IF NOT EXISTS subscriptions_customer ON subscriptions (site_id, customer_id);
+
 
 -- Events (issue 4) ---------------------------------------------------------
 
@@ -47,4 +154,4 @@ CREATE INDEX IF NOT EXISTS api_keys_site ON api_keys (site_id);
 
 -- Sessions, identities, attribution (issue 6) ------------------------------
 
-PRAGMA user_version = 1;
+PRAGMA user_version = 2;

@@ -38,9 +38,10 @@ def is_transient(exc: sqlite3.Error) -> bool:
 
 
 class Database:
-    def __init__(self, path: str, *, synchronous: str = "FULL"):
+    def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout_ms: int = BUSY_TIMEOUT_MS):
         self.path = path
         self.synchronous = synchronous
+        self.busy_timeout_ms = int(busy_timeout_ms)
         self._local = threading.local()
         self._schema_lock = threading.Lock()
         self._schema_pid: int | None = None
@@ -50,14 +51,14 @@ class Database:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
-            self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+            self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
         )
         try:
             conn.execute("PRAGMA journal_mode = WAL")
             # sql-safe: PRAGMAs take no parameters; both values are constants chosen in code.
             conn.execute(f"PRAGMA synchronous = {synchronous or self.synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # sql-safe: constant
+            conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")  # sql-safe: an int
             self._ensure_schema(conn)
         except sqlite3.DatabaseError:
             conn.close()

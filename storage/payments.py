@@ -1,0 +1,175 @@
+"""Payments, their customers and subscriptions: one durable upsert per request.
+
+`PaymentStore.upsert` writes the payment, its customer and its subscription in one
+BEGIN IMMEDIATE ... COMMIT on a synchronous=FULL connection, so when it returns the
+payment is on disk. Errors come out as storage.db's StorageBusy / StorageError.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+import orjson
+
+from storage.db import Database
+from validation.common import decimal_text
+from validation.payment import Instant, Payment, Subscription
+
+# Customer fields a payment may leave out; a value given by a payment at least as new
+# (by paid_at) as the stored one wins, an older payment only fills empty fields.
+_MERGED_CUSTOMER_COLUMNS = ("email", "user_id", "visitor_id", "name", "country", "metadata")
+
+_MERGE_CUSTOMER_COLUMN = (
+    "{c} = CASE WHEN excluded.as_of_ms >= customers.as_of_ms THEN coalesce(excluded.{c}, customers.{c})"
+    " ELSE coalesce(customers.{c}, excluded.{c}) END"
+)
+_UPSERT_CUSTOMER = (
+    "INSERT INTO customers (site_id, customer_id, email, user_id, visitor_id, name, country,"  # noqa: S608 - fixed columns
+    " metadata, as_of_ms, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (site_id, customer_id) DO UPDATE SET "
+    # sql-safe: identifiers from the fixed tuple _MERGED_CUSTOMER_COLUMNS; values stay parameters
+    + ", ".join(_MERGE_CUSTOMER_COLUMN.format(c=column) for column in _MERGED_CUSTOMER_COLUMNS)
+    + ", as_of_ms = max(customers.as_of_ms, excluded.as_of_ms), updated_at = excluded.updated_at"
+)
+
+_UPSERT_PAYMENT = (
+    "INSERT INTO payments (site_id, payment_id, customer_id, amount, currency, fee, kind, status,"
+    " paid_at, paid_at_ms, metadata, subscription_id, created_at, updated_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (site_id, payment_id) DO UPDATE SET customer_id = excluded.customer_id,"
+    " amount = excluded.amount, currency = excluded.currency, fee = excluded.fee,"
+    " kind = excluded.kind, status = excluded.status, paid_at = excluded.paid_at,"
+    " paid_at_ms = excluded.paid_at_ms, metadata = excluded.metadata,"
+    " subscription_id = excluded.subscription_id, updated_at = excluded.updated_at"
+)
+
+# The subscription state both tables share, in this order; the statements below splice
+# these fixed column names (and as many `?`) and nothing else.
+SUBSCRIPTION_STATE = (
+    "subscription_id", "customer_id", "payment_id", "effective_at_ms", "currency", "plan",
+    "interval", "status", "amount", "started_at", "started_at_ms", "current_period_end",
+    "current_period_end_ms", "canceled_at", "canceled_at_ms", "ended_at", "ended_at_ms",
+)
+_STATE_COLUMNS = ", ".join(SUBSCRIPTION_STATE)
+_STATE_MARKS = ", ".join("?" for _ in SUBSCRIPTION_STATE)
+
+_INSERT_OBSERVATION = (
+    f"INSERT INTO subscription_observations (site_id, {_STATE_COLUMNS}, received_at)"  # noqa: S608 - fixed columns
+    f" VALUES (?, {_STATE_MARKS}, ?)"
+)
+_LATEST_OBSERVATION = (
+    f"SELECT {_STATE_COLUMNS} FROM subscription_observations"  # noqa: S608 - fixed columns
+    " WHERE site_id = ? AND subscription_id = ? ORDER BY effective_at_ms DESC, id DESC LIMIT 1"
+)
+_UPSERT_SUBSCRIPTION = (
+    f"INSERT INTO subscriptions (site_id, {_STATE_COLUMNS}, updated_at)"  # noqa: S608 - fixed columns
+    f" VALUES (?, {_STATE_MARKS}, ?) ON CONFLICT (site_id, subscription_id) DO UPDATE SET "
+    # sql-safe: identifiers from the fixed tuple SUBSCRIPTION_STATE
+    + ", ".join(f"{column} = excluded.{column}" for column in SUBSCRIPTION_STATE[1:])
+    + ", updated_at = excluded.updated_at"
+)
+
+
+class PaymentStore:
+    def __init__(self, db: Database, clock: Callable[[], float]):
+        self.db = db
+        self.clock = clock
+
+    def upsert(self, site_id: int, payment: Payment) -> None:
+        """Store the payment (replacing one with its payment_id), its customer and subscription."""
+        now_ms = int(self.clock() * 1000)
+        with self.db.transaction() as conn:
+            self._upsert_customer(conn, site_id, payment, now_ms)
+            self._upsert_payment(conn, site_id, payment, now_ms)
+            for subscription_id in self._replace_observation(conn, site_id, payment, now_ms):
+                self._refresh_subscription(conn, site_id, subscription_id, now_ms)
+
+    @staticmethod
+    def _upsert_customer(conn: sqlite3.Connection, site_id: int, payment: Payment,
+                         now_ms: int) -> None:
+        customer = payment.customer
+        conn.execute(
+            _UPSERT_CUSTOMER,
+            (site_id, customer.id, customer.email, customer.user_id, customer.visitor_id,
+             customer.name, customer.country, _json_text(customer.metadata),
+             payment.paid_at.unix_ms, now_ms, now_ms),
+        )
+
+    @staticmethod
+    def _upsert_payment(conn: sqlite3.Connection, site_id: int, payment: Payment,
+                        now_ms: int) -> None:
+        conn.execute(
+            _UPSERT_PAYMENT,
+            (site_id, payment.payment_id, payment.customer.id, decimal_text(payment.amount),
+             payment.currency, _money_text(payment.fee), payment.kind, payment.status,
+             payment.paid_at.text, payment.paid_at.unix_ms, _json_text(payment.metadata),
+             payment.subscription.id if payment.subscription else None, now_ms, now_ms),
+        )
+
+    @staticmethod
+    def _replace_observation(conn: sqlite3.Connection, site_id: int, payment: Payment,
+                             now_ms: int) -> set[str]:
+        """The payment's observation becomes its new subscription block (or none).
+
+        Returns the subscriptions whose latest state may have changed.
+        """
+        previous = conn.execute(
+            "SELECT subscription_id FROM subscription_observations"
+            " WHERE site_id = ? AND payment_id = ?",
+            (site_id, payment.payment_id),
+        ).fetchone()
+        conn.execute(
+            "DELETE FROM subscription_observations WHERE site_id = ? AND payment_id = ?",
+            (site_id, payment.payment_id),
+        )
+        touched = {previous[0]} if previous else set()
+        if payment.subscription is not None:
+            conn.execute(
+                _INSERT_OBSERVATION,
+                (site_id, *_subscription_state(payment, payment.subscription), now_ms),
+            )
+            touched.add(payment.subscription.id)
+        return touched
+
+    @staticmethod
+    def _refresh_subscription(conn: sqlite3.Connection, site_id: int, subscription_id: str,
+                              now_ms: int) -> None:
+        latest = conn.execute(_LATEST_OBSERVATION, (site_id, subscription_id)).fetchone()
+        if latest is None:
+            conn.execute(
+                "DELETE FROM subscriptions WHERE site_id = ? AND subscription_id = ?",
+                (site_id, subscription_id),
+            )
+        else:
+            conn.execute(_UPSERT_SUBSCRIPTION, (site_id, *latest, now_ms))
+
+
+def _subscription_state(payment: Payment, subscription: Subscription) -> tuple:
+    return (
+        subscription.id,
+        payment.customer.id,
+        payment.payment_id,
+        payment.paid_at.unix_ms,
+        payment.currency,
+        subscription.plan,
+        subscription.interval,
+        subscription.status,
+        _money_text(subscription.amount),
+        *_instant_columns(subscription.started_at),
+        *_instant_columns(subscription.current_period_end),
+        *_instant_columns(subscription.canceled_at),
+        *_instant_columns(subscription.ended_at),
+    )
+
+
+def _instant_columns(instant: Instant | None) -> tuple[str | None, int | None]:
+    return (instant.text, instant.unix_ms) if instant else (None, None)
+
+
+def _money_text(value) -> str | None:
+    return None if value is None else decimal_text(value)
+
+
+def _json_text(value: dict | None) -> str | None:
+    return None if value is None else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()

@@ -1,0 +1,83 @@
+"""Payments against a real gunicorn: concurrent idempotent upserts and the body limit on the wire."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+
+import orjson
+import pytest
+
+from tests.conftest import bearer, cli_json, http
+from tests.test_payments_http import FULL, body_of_size
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def served(db_path, server_factory):
+    account = cli_json("account", "create", "--name", "Shop", db=db_path)
+    site = cli_json("site", "create", "--account", account["id"], "--host", "shop.test", db=db_path)
+    key = cli_json("key", "create", "--site", site["id"], "--scope", "payments", db=db_path)["key"]
+    return server_factory(db_path, workers=4), key
+
+
+def count(db_path: str, table: str) -> int:
+    conn = sqlite3.connect(db_path)
+    try:
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608 - fixed names
+    finally:
+        conn.close()
+
+
+def test_32_concurrent_identical_payments_store_one(served, db_path):
+    server, key = served
+    body = orjson.dumps(FULL)
+    headers = {**bearer(key), "Content-Type": "application/json"}
+
+    def send(_):
+        return http("POST", server.url + "/api/v1/payments", body, headers)
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        answers = list(pool.map(send, range(32)))
+    assert [status for status, _, _ in answers] == [200] * 32, [b for _, _, b in answers]
+    assert {orjson.loads(b)["data"]["payment_id"] for _, _, b in answers} == {FULL["payment_id"]}
+    for table in ("payments", "customers", "subscriptions", "subscription_observations"):
+        assert count(db_path, table) == 1, table
+
+
+def raw_request(server, head: str, body: bytes = b"") -> bytes:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as sock:
+        sock.sendall(head.encode() + b"\r\n" + body)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65_536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_content_length_over_the_limit_is_refused_without_reading_the_body(served, db_path):
+    server, key = served
+    head = ("POST /api/v1/payments HTTP/1.1\r\nHost: shop.test\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100000000\r\nConnection: close\r\n")
+    # Only a few bytes follow a claim of 100 MB: the answer comes without waiting for the rest.
+    answer = raw_request(server, head, b'{"payment_id": ')
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert b'"code":"invalid_input"' in answer
+    assert count(db_path, "payments") == 0
+
+
+@pytest.mark.parametrize("size, status", [(65_536, 200), (65_537, 413)])
+def test_64_kib_edge_through_gunicorn(served, db_path, size, status):
+    server, key = served
+    headers = {**bearer(key), "Content-Type": "application/json"}
+    got, _, body = http("POST", server.url + "/api/v1/payments", body_of_size(size), headers)
+    assert got == status, body
+    assert count(db_path, "payments") == (1 if status == 200 else 0)
