@@ -7,6 +7,8 @@ Errors print one line on stderr and exit non-zero.
 from __future__ import annotations
 
 import argparse
+import os
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +17,7 @@ import orjson
 
 from config import Config, ConfigError
 from quota.plans import PLAN_NAMES
+from storage.check import run_checks
 from storage.db import Database, StorageError
 from storage.directory import SCOPES, Directory, InvalidArgument, NotFound
 
@@ -29,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
 
     commands.add_parser("init", help="create the database and apply the schema")
+    commands.add_parser("check", help="integrity check, and monthly usage against stored events")
 
     account = commands.add_parser("account", help="accounts and their plans").add_subparsers(
         dest="action", required=True, metavar="ACTION")
@@ -105,6 +109,27 @@ def _init(args, ctx):
     return {"db": ctx.config.db_path, "ok": True}, [f"database ready at {ctx.config.db_path}"]
 
 
+@command("check")
+def _check(args, ctx):
+    path = ctx.config.db_path
+    if not os.path.isfile(path):
+        raise CliError(f"no database at {path}")
+    try:
+        report = run_checks(ctx.db.conn())
+    except sqlite3.DatabaseError as exc:
+        raise CliError(f"database {path} cannot be checked: {exc}") from None
+    lines = [f"integrity: {'ok' if not report.integrity else '; '.join(report.integrity[:20])}",
+             f"foreign key violations: {report.foreign_keys}"]
+    if not report.usage_checked:
+        lines.append("usage: not checked (no events or usage tables)")
+    elif not report.mismatches:
+        lines.append(f"usage: ok ({report.months} account-months match the stored events)")
+    else:
+        lines.append(f"usage: {len(report.mismatches)} mismatches")
+        lines += table(report.mismatches, ["account", "month", "usage", "events"])
+    return report.as_json(), lines, 0 if report.ok else 1
+
+
 @command("account", "create")
 def _account_create(args, ctx):
     account = ctx.directory.create_account(args.name, args.plan)
@@ -163,7 +188,8 @@ def main(argv: Sequence[str] | None = None, *, context: Context | None = None) -
     try:
         ctx = context or Context(Config.from_env())
         handler = HANDLERS[(args.group, getattr(args, "action", None))]
-        result, lines = handler(args, ctx)
+        # A handler may add an exit status: (json_object, human_lines, status).
+        result, lines, *status = handler(args, ctx)
     except (CliError, NotFound, InvalidArgument, ConfigError, StorageError) as exc:
         print(f"tally: {exc}", file=sys.stderr)
         return 1
@@ -171,7 +197,7 @@ def main(argv: Sequence[str] | None = None, *, context: Context | None = None) -
         sys.stdout.buffer.write(orjson.dumps(result) + b"\n")
     else:
         print("\n".join(lines))
-    return 0
+    return status[0] if status else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,157 @@
+"""`tally check [--json]`: integrity, and monthly usage against the events stored."""
+
+from __future__ import annotations
+
+import calendar
+import sqlite3
+
+import orjson
+import pytest
+
+from storage.check import _shift
+from tests.conftest import cli_json, run_cli
+
+OCT_1 = calendar.timegm((2026, 10, 1, 0, 0, 0)) * 1000
+HOUR, MINUTE = 3_600_000, 60_000
+
+
+def check(db: str) -> tuple[int, dict]:
+    proc = run_cli("check", "--json", db=db, check=False)
+    return proc.returncode, orjson.loads(proc.stdout) if proc.stdout else {}
+
+
+@pytest.fixture
+def world(db_path):
+    account = cli_json("account", "create", "--name", "A", db=db_path)
+    cli_json("site", "create", "--account", account["id"], "--host", "a.test", db=db_path)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not {"events", "monthly_usage"} <= tables:
+        pytest.skip("the events and monthly_usage tables (issues 4 and 5) are not in schema.sql yet")
+    site_id, account_id = conn.execute("SELECT id, account_id FROM sites").fetchone()
+    yield {"db": db_path, "conn": conn, "site": site_id, "account": account_id,
+           "public_account": account["id"]}
+    conn.close()
+
+
+def store_events(world, *timestamps: int, name: str = "pageview") -> None:
+    world["conn"].executemany(
+        "INSERT INTO events (site_id, ts, name, pathname, url, hostname) VALUES (?, ?, ?, ?, ?, ?)",
+        [(world["site"], ts, name, "/", "https://a.test/", "a.test") for ts in timestamps],
+    )
+
+
+def set_usage(world, month: str, events: int) -> None:
+    world["conn"].execute(
+        "INSERT INTO monthly_usage (account_id, month, events) VALUES (?, ?, ?)"
+        " ON CONFLICT (account_id, month) DO UPDATE SET events = excluded.events",
+        (world["account"], month, events),
+    )
+
+
+def test_a_new_database_checks_ok(db_path):
+    run_cli("init", db=db_path)
+    code, report = check(db_path)
+    assert code == 0 and report["ok"] is True and report["integrity"] == "ok"
+    assert report["foreign_key_violations"] == 0 and report["usage"]["mismatches"] == []
+
+
+def test_a_missing_database_is_an_error_not_a_new_file(tmp_path):
+    proc = run_cli("check", db=str(tmp_path / "none.db"), check=False)
+    assert proc.returncode != 0 and proc.stderr.startswith("tally: no database at")
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_matching_usage_checks_ok(world):
+    store_events(world, OCT_1 + HOUR, OCT_1 + 2 * HOUR, OCT_1 + 3 * HOUR)
+    store_events(world, OCT_1 + HOUR, name="$identify")  # not counted
+    store_events(world, OCT_1 - 10 * HOUR)
+    set_usage(world, "2026-10", 3)
+    set_usage(world, "2026-09", 1)
+    code, report = check(world["db"])
+    assert code == 0 and report["ok"], report
+    assert report["usage"] == {"checked": True, "months": 2, "mismatches": []}
+
+
+@pytest.mark.parametrize("usage_oct, usage_sep, bad_months", [
+    (4, 1, ["2026-10", "all"]),  # one more counted than stored
+    (2, 1, ["2026-10", "all"]),  # an event stored but not counted
+    (3, 0, ["2026-09", "all"]),  # a month without a usage row
+    (2, 2, ["2026-09", "2026-10"]),  # totals agree, months do not
+])
+def test_a_mismatch_is_reported_and_fails(world, usage_oct, usage_sep, bad_months):
+    store_events(world, OCT_1 + HOUR, OCT_1 + 2 * HOUR, OCT_1 + 3 * HOUR, OCT_1 - 10 * HOUR)
+    set_usage(world, "2026-10", usage_oct)
+    if usage_sep:
+        set_usage(world, "2026-09", usage_sep)
+    code, report = check(world["db"])
+    assert code == 1 and report["ok"] is False
+    assert sorted(m["month"] for m in report["usage"]["mismatches"]) == bad_months
+    assert {m["account"] for m in report["usage"]["mismatches"]} == {world["public_account"]}
+
+
+@pytest.mark.parametrize("ts, counted_in", [
+    (OCT_1 - 30 * MINUTE, "2026-10"),  # sent at 23:30 with its own ts, received after midnight
+    (OCT_1 - 30 * MINUTE, "2026-09"),
+    (OCT_1 + 30 * 1000, "2026-09"),  # ts 30 s in the future, received before midnight
+])
+def test_events_near_a_month_boundary_may_count_in_either_month(world, ts, counted_in):
+    store_events(world, ts)
+    set_usage(world, counted_in, 1)
+    code, report = check(world["db"])
+    assert code == 0, report
+
+
+@pytest.mark.parametrize("ts, counted_in", [
+    (OCT_1 - 2 * HOUR, "2026-10"),  # more than an hour before: could not be received in October
+    (OCT_1 + 2 * MINUTE, "2026-09"),  # more than a minute ahead: could not be received in September
+])
+def test_events_far_from_the_boundary_must_count_in_their_month(world, ts, counted_in):
+    store_events(world, ts)
+    set_usage(world, counted_in, 1)
+    code, report = check(world["db"])
+    assert code == 1 and report["usage"]["mismatches"]
+
+
+def test_human_output_lists_mismatches(world):
+    store_events(world, OCT_1 + HOUR)
+    set_usage(world, "2026-10", 5)
+    proc = run_cli("check", db=world["db"], check=False)
+    assert proc.returncode == 1
+    assert "integrity: ok" in proc.stdout and "usage: 2 mismatches" in proc.stdout
+    assert "ACCOUNT" in proc.stdout and "2026-10" in proc.stdout
+
+
+def test_a_corrupt_database_fails_the_check(db_path):
+    run_cli("init", db=db_path)
+    conn = sqlite3.connect(db_path)
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.execute("CREATE TABLE filler (x BLOB)")
+    conn.executemany("INSERT INTO filler VALUES (?)", [(b"\x01" * 400,) for _ in range(200)])
+    conn.execute("CREATE INDEX filler_x ON filler (x)")
+    conn.commit()
+    conn.close()
+    data = bytearray(open(db_path, "rb").read())
+    page = 4096
+    data[-3 * page + 200:-3 * page + 1800] = b"\x00" * 1600
+    open(db_path, "wb").write(data)
+    proc = run_cli("check", "--json", db=db_path, check=False)
+    assert proc.returncode == 1
+    report = orjson.loads(proc.stdout)
+    assert report["ok"] is False
+    assert any("missing from index filler_x" in problem for problem in report["integrity"])
+
+
+def test_an_unreadable_database_is_one_line_and_non_zero(tmp_path):
+    path = tmp_path / "tally.db"
+    path.write_bytes(b"not a database " * 512)
+    proc = run_cli("check", db=str(path), check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("tally: database") and "file is not a database" in proc.stderr
+
+
+@pytest.mark.parametrize("month, by, expected", [
+    ("2026-01", -1, "2025-12"), ("2026-12", 1, "2027-01"), ("2026-05", 1, "2026-06"),
+])
+def test_month_shift(month, by, expected):
+    assert _shift(month, by) == expected
