@@ -12,7 +12,10 @@ def read_limited(req: falcon.Request, limit: int) -> bytes:
     length = req.content_length
     if length is not None and length > limit:
         raise too_large(limit)
-    data = req.bounded_stream.read(limit + 1)
+    # Without Content-Length (chunked transfer) Falcon's bounded_stream reads nothing;
+    # gunicorn's wsgi.input decodes the chunks, and we still stop one byte past the limit.
+    stream = req.bounded_stream if length is not None else req.stream
+    data = stream.read(limit + 1)
     if len(data) > limit:
         raise too_large(limit)
     return data
