@@ -14,19 +14,17 @@ from fractions import Fraction
 
 import orjson
 
-# ISO 4217 currencies whose minor unit is not 2 decimal places (list one, 2025).
-_NON_TWO_DECIMAL_EXPONENTS = {
-    **dict.fromkeys(
-        ("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX", "UYI",
-         "VND", "VUV", "XAF", "XOF", "XPF"), 0),
-    **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
-    **dict.fromkeys(("CLF", "UYW"), 4),
-}
+from validation.common import minor_unit_exponent as iso_minor_unit_exponent
+
+# Places kept for a code ISO 4217 gives no minor unit (gold XAU, SDR XDR, test XTS): their
+# amounts are shown as exact as given, trailing zeros dropped, up to this many places.
+UNITLESS_PLACES = 6
 
 
 def minor_unit_exponent(currency: str) -> int:
-    """Decimal places of the currency's minor unit (EUR 2, JPY 0, KWD 3)."""
-    return _NON_TWO_DECIMAL_EXPONENTS.get(currency.upper(), 2)
+    """Decimal places figures in the currency are rounded to (EUR 2, JPY 0, KWD 3)."""
+    exponent = iso_minor_unit_exponent(currency)
+    return UNITLESS_PLACES if exponent is None else exponent
 
 
 def round_half_up(value: Fraction | Decimal | int) -> int:
@@ -43,7 +41,11 @@ def to_minor(value: Fraction | Decimal | int, currency: str) -> int:
 
 def from_minor(units: int, currency: str) -> Decimal:
     """Minor units back to a Decimal with exactly the currency's decimal places."""
-    return Decimal(units).scaleb(-minor_unit_exponent(currency))
+    value = Decimal(units).scaleb(-minor_unit_exponent(currency))
+    if iso_minor_unit_exponent(currency) is None:
+        value = Decimal(0) if units == 0 else value.normalize()
+        return value.quantize(Decimal(1)) if value == value.to_integral() else value
+    return value
 
 
 def round_money(value: Fraction | Decimal | int, currency: str) -> Decimal:

@@ -22,7 +22,7 @@ from reports.money import (
 
 @pytest.mark.parametrize(("currency", "exponent"),
                          [("EUR", 2), ("USD", 2), ("JPY", 0), ("KRW", 0), ("KWD", 3),
-                          ("BHD", 3), ("CLF", 4), ("usd", 2)])
+                          ("BHD", 3), ("CLF", 4), ("usd", 2), ("XAU", 6)])
 def test_minor_unit_exponent(currency, exponent):
     assert minor_unit_exponent(currency) == exponent
 
@@ -41,6 +41,12 @@ def test_minor_unit_exponent(currency, exponent):
         (Fraction(52, 12), "KWD", "4.333"),
         (Decimal("19.99"), "EUR", "19.99"),
         (0, "EUR", "0.00"),
+        # No ISO minor unit: as exact as given, up to six places, no trailing zeros.
+        (Decimal("1.50"), "XAU", "1.5"),
+        (Decimal("1.23456789"), "XAU", "1.234568"),
+        (Decimal("1E+3"), "XAU", "1000"),
+        (Fraction(1, 12), "XDR", "0.083333"),
+        (0, "XTS", "0"),
     ],
 )
 def test_round_money(value, currency, expected):
