@@ -24,5 +24,12 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 
+# Reports figures, never fails on them (bench/run.py). Needs wrk: apt-get install wrk.
+WRK ?= wrk
+bench:
+	@command -v $(WRK) >/dev/null 2>&1 || { echo "make bench needs wrk: apt-get install wrk" >&2; exit 1; }
+	@$(MAKE) --no-print-directory install
+	$(BIN)/python -m bench.run --workers $(WORKERS) --wrk $(WRK) --readme
+
 clean:
 	rm -rf $(VENV) var .pytest_cache *.egg-info

@@ -1,0 +1,151 @@
+"""The benchmark's own parts: the ceiling app, its request bodies, the results it writes.
+
+No figure is asserted here: `make bench` reports them, it never fails on them.
+"""
+
+from __future__ import annotations
+
+import runpy
+import subprocess
+
+import orjson
+import pytest
+import webtest
+from crawlerdetect import CrawlerDetect
+
+from bench import run
+from bench.ceiling_app import create_app
+from tests.conftest import REPO
+
+
+def test_ceiling_app_answers_post_with_204_and_no_body():
+    client = webtest.TestApp(create_app())
+    for path in ("/api/v1/events", "/api/v1/payments"):
+        resp = client.post(path, b'{"s": "site_x"}', content_type="application/json", status=204)
+        assert resp.body == b""
+    assert client.get("/healthz", status=200).body == b"ok"
+
+
+def test_ceiling_gunicorn_settings_are_tallys_without_its_hooks():
+    ceiling = runpy.run_path(str(REPO / "bench" / "ceiling_gunicorn.conf.py"))
+    assert ceiling["worker_class"] == "sync"
+    assert ceiling["limit_request_fields"] > 0
+    assert "post_worker_init" not in ceiling and "on_starting" not in ceiling
+
+
+def test_batch_bodies_hold_50_lean_events_within_8_kib():
+    bodies = run.batch_bodies("site_abcdefghijklmnop", count=50)
+    for body in bodies:
+        assert len(body) <= 8_192
+        assert len(orjson.loads(body)["b"]) == 50
+    per_event = sum(map(len, bodies)) / len(bodies) / 50
+    assert 130 <= per_event <= 163
+
+
+def test_bench_events_pass_the_real_validator():
+    from validation.event import parse_events
+
+    site = "site_abcdefghijklmnop"
+    singles = run.single_event_bodies(site, count=20)
+    assert 540 <= sum(map(len, singles)) / len(singles) <= 660
+    for body in [*singles, *run.batch_bodies(site, count=5)]:
+        site_id, events = parse_events(orjson.loads(body), 1_790_000_000_000)
+        assert site_id == site
+        assert all(event.host in run.SITE_HOSTS for event in events)
+
+
+@pytest.mark.parametrize("ua", run.USER_AGENTS + run.LEAN_USER_AGENTS)
+def test_bench_user_agents_are_not_bots(ua):
+    # A bot's events are dropped: the bench would measure nothing being stored.
+    assert not CrawlerDetect().is_crawler(ua)
+
+
+def _scenario(**figures):
+    return {"status": "ok", **figures}
+
+
+SCENARIOS = {
+    "ceiling": _scenario(requests_per_s=4_000, p50_ms=1.0, p99_ms=3.0, cpu_us_per_request=100.0,
+                         peak_rss_mib=[30.0, 31.0]),
+    "single": _scenario(requests_per_s=3_600, events_per_s=3_600, p50_ms=1.2, p99_ms=4.0,
+                        cpu_us_per_event=150.0, peak_rss_mib=[60.0], events_in_db=36_000),
+    "batches": _scenario(
+        steps=[],
+        sustained={"offered_events_per_s": 50_000, "persisted_events_per_s": 49_000,
+                   "requests_per_s": 1_000, "p50_ms": 1.0, "p99_ms": 9.0,
+                   "cpu_us_per_event": 22.5, "peak_rss_mib": [70.0, 66.0]},
+        at_80_percent={"offered_events_per_s": 40_000, "persisted_events_per_s": 40_000,
+                       "requests_per_s": 800, "p50_ms": 0.8, "p99_ms": 12.0,
+                       "cpu_us_per_event": 21.0, "peak_rss_mib": [72.0, 60.0]}),
+    "payments": {"status": "skipped", "reason": "POST /api/v1/payments answered 404"},
+    "sqlite": _scenario(rows_per_s=100_000, transaction_rows=5_000, indexes=["events_site_ts"]),
+    "reports": {"status": "error", "reason": "RuntimeError: boom"},
+}
+
+
+def test_results_document_has_its_shape_and_derived_figures(tmp_path):
+    doc = run.assemble({"cores": 2, "cpu_model": "Test CPU"}, {"workers": 2}, SCENARIOS,
+                       date="2026-11-26T00:00:00Z")
+    path = run.write_results(doc, tmp_path / "results" / "latest.json")
+    back = orjson.loads(path.read_bytes())
+    assert set(back) == {"schema", "date", "machine", "settings", "scenarios", "figures", "targets"}
+    assert back["schema"] == run.RESULTS_SCHEMA and back["date"] == "2026-11-26T00:00:00Z"
+    assert back["figures"]["single_vs_ceiling"] == 0.9
+    assert back["figures"]["batch_persisted_events_per_s"] == 49_000
+    assert back["figures"]["batch_vs_raw_sqlite"] == 0.49
+    assert back["figures"]["batch_p99_ms_at_80"] == 12.0
+    assert back["figures"]["batch_peak_rss_mib"] == 72.0
+    assert back["figures"]["slowest_report_s"] is None  # an errored scenario is not measured
+    verdicts = {t["name"]: t["met"] for t in back["targets"]}
+    assert verdicts == {"single_vs_ceiling": True, "batch_events_per_s": False,
+                        "batch_vs_raw_sqlite": False, "p99_at_80": True, "rss": False,
+                        "cpu_per_event": False, "reports": None}
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_table_shows_every_scenario_and_readme_block_is_replaced_in_place(tmp_path):
+    doc = run.assemble({"cores": 2, "cpu_model": "Test CPU", "loadavg_before": [0.1]},
+                       {"workers": 2}, SCENARIOS, date="2026-11-26T00:00:00Z")
+    table = run.text_table(doc)
+    for label in ("bare Falcon ceiling", "single events", "highest sustained", "80%",
+                  "payments", "skipped: POST /api/v1/payments answered 404", "raw SQLite",
+                  "error: RuntimeError: boom"):
+        assert label in table
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# T\n\n## Performance\n\nintro\n\n{run.README_START}\nold\n"
+                      f"{run.README_END}\n\n## Layout\nrest\n")
+    assert run.update_readme(doc, readme)
+    text = readme.read_text()
+    assert "old" not in text and "intro" in text and text.endswith("## Layout\nrest\n")
+    assert "2026-11-26 on 2 cores (Test CPU)" in text and "| 3,600 |" in text
+    assert run.update_readme(doc, readme) and readme.read_text() == text
+
+
+def test_make_bench_without_wrk_says_how_to_install_it_and_fails():
+    proc = subprocess.run(["make", "-s", "bench", "WRK=/nonexistent/wrk"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "apt-get install wrk" in proc.stderr
+
+
+def test_harness_without_wrk_stops_before_measuring(tmp_path, capsys):
+    out = tmp_path / "latest.json"
+    assert run.main(["--wrk", "/nonexistent/wrk", "--out", str(out)]) == 2
+    assert "apt-get install wrk" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(run.shutil.which("wrk") is None, reason="wrk is not installed")
+def test_harness_measures_the_ceiling_end_to_end(tmp_path):
+    out = tmp_path / "latest.json"
+    proc = subprocess.run(
+        [str(run.BIN / "python"), "-m", "bench.run", "--only", "ceiling", "--duration", "1",
+         "--connections", "4", "--workers", "1", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    ceiling = orjson.loads(out.read_bytes())["scenarios"]["ceiling"]
+    assert ceiling["status"] == "ok", ceiling
+    assert ceiling["requests"] > 0 and ceiling["statuses"] == {"204": ceiling["requests"]}
+    assert ceiling["worker_cpu_s"] >= 0 and len(ceiling["peak_rss_mib"]) == 1
+    assert "bare Falcon ceiling" in proc.stdout
