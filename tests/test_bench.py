@@ -6,6 +6,7 @@ No figure is asserted here: `make bench` reports them, it never fails on them.
 from __future__ import annotations
 
 import runpy
+import shutil
 import subprocess
 
 import orjson
@@ -13,9 +14,9 @@ import pytest
 import webtest
 from crawlerdetect import CrawlerDetect
 
-from bench import run
+from bench import bodies, results, run
 from bench.ceiling_app import create_app
-from tests.conftest import REPO
+from tests.conftest import BIN, REPO
 
 
 def test_ceiling_app_answers_post_with_204_and_no_body():
@@ -34,11 +35,11 @@ def test_ceiling_gunicorn_settings_are_tallys_without_its_hooks():
 
 
 def test_batch_bodies_hold_50_lean_events_within_8_kib():
-    bodies = run.batch_bodies("site_abcdefghijklmnop", count=50)
-    for body in bodies:
+    batches = bodies.batch_bodies("site_abcdefghijklmnop", count=50)
+    for body in batches:
         assert len(body) <= 8_192
         assert len(orjson.loads(body)["b"]) == 50
-    per_event = sum(map(len, bodies)) / len(bodies) / 50
+    per_event = sum(map(len, batches)) / len(batches) / 50
     assert 130 <= per_event <= 163
 
 
@@ -46,15 +47,15 @@ def test_bench_events_pass_the_real_validator():
     from validation.event import parse_events
 
     site = "site_abcdefghijklmnop"
-    singles = run.single_event_bodies(site, count=20)
+    singles = bodies.single_event_bodies(site, count=20)
     assert 540 <= sum(map(len, singles)) / len(singles) <= 660
-    for body in [*singles, *run.batch_bodies(site, count=5)]:
+    for body in [*singles, *bodies.batch_bodies(site, count=5)]:
         site_id, events = parse_events(orjson.loads(body), 1_790_000_000_000)
         assert site_id == site
-        assert all(event.host in run.SITE_HOSTS for event in events)
+        assert all(event.host in bodies.SITE_HOSTS for event in events)
 
 
-@pytest.mark.parametrize("ua", run.USER_AGENTS + run.LEAN_USER_AGENTS)
+@pytest.mark.parametrize("ua", bodies.USER_AGENTS + bodies.LEAN_USER_AGENTS)
 def test_bench_user_agents_are_not_bots(ua):
     # A bot's events are dropped: the bench would measure nothing being stored.
     assert not CrawlerDetect().is_crawler(ua)
@@ -84,12 +85,12 @@ SCENARIOS = {
 
 
 def test_results_document_has_its_shape_and_derived_figures(tmp_path):
-    doc = run.assemble({"cores": 2, "cpu_model": "Test CPU"}, {"workers": 2}, SCENARIOS,
+    doc = results.assemble({"cores": 2, "cpu_model": "Test CPU"}, {"workers": 2}, SCENARIOS,
                        date="2026-11-26T00:00:00Z")
-    path = run.write_results(doc, tmp_path / "results" / "latest.json")
+    path = results.write_results(doc, tmp_path / "results" / "latest.json")
     back = orjson.loads(path.read_bytes())
     assert set(back) == {"schema", "date", "machine", "settings", "scenarios", "figures", "targets"}
-    assert back["schema"] == run.RESULTS_SCHEMA and back["date"] == "2026-11-26T00:00:00Z"
+    assert back["schema"] == results.RESULTS_SCHEMA and back["date"] == "2026-11-26T00:00:00Z"
     assert back["figures"]["single_vs_ceiling"] == 0.9
     assert back["figures"]["batch_persisted_events_per_s"] == 49_000
     assert back["figures"]["batch_vs_raw_sqlite"] == 0.49
@@ -104,21 +105,21 @@ def test_results_document_has_its_shape_and_derived_figures(tmp_path):
 
 
 def test_table_shows_every_scenario_and_readme_block_is_replaced_in_place(tmp_path):
-    doc = run.assemble({"cores": 2, "cpu_model": "Test CPU", "loadavg_before": [0.1]},
+    doc = results.assemble({"cores": 2, "cpu_model": "Test CPU", "loadavg_before": [0.1]},
                        {"workers": 2}, SCENARIOS, date="2026-11-26T00:00:00Z")
-    table = run.text_table(doc)
+    table = results.text_table(doc)
     for label in ("bare Falcon ceiling", "single events", "highest sustained", "80%",
                   "payments", "skipped: POST /api/v1/payments answered 404", "raw SQLite",
                   "error: RuntimeError: boom"):
         assert label in table
     readme = tmp_path / "README.md"
-    readme.write_text(f"# T\n\n## Performance\n\nintro\n\n{run.README_START}\nold\n"
-                      f"{run.README_END}\n\n## Layout\nrest\n")
-    assert run.update_readme(doc, readme)
+    readme.write_text(f"# T\n\n## Performance\n\nintro\n\n{results.README_START}\nold\n"
+                      f"{results.README_END}\n\n## Layout\nrest\n")
+    assert results.update_readme(doc, readme)
     text = readme.read_text()
     assert "old" not in text and "intro" in text and text.endswith("## Layout\nrest\n")
     assert "2026-11-26 on 2 cores (Test CPU)" in text and "| 3,600 |" in text
-    assert run.update_readme(doc, readme) and readme.read_text() == text
+    assert results.update_readme(doc, readme) and readme.read_text() == text
 
 
 def test_make_bench_without_wrk_says_how_to_install_it_and_fails():
@@ -136,11 +137,11 @@ def test_harness_without_wrk_stops_before_measuring(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(run.shutil.which("wrk") is None, reason="wrk is not installed")
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
 def test_harness_measures_the_ceiling_end_to_end(tmp_path):
     out = tmp_path / "latest.json"
     proc = subprocess.run(
-        [str(run.BIN / "python"), "-m", "bench.run", "--only", "ceiling", "--duration", "1",
+        [str(BIN / "python"), "-m", "bench.run", "--only", "ceiling", "--duration", "1",
          "--connections", "4", "--workers", "1", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,315 @@
+"""What the benchmark reads and drives: the machine, worker processes through /proc,
+gunicorn services, wrk, and the database it counts events in."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+LUA = REPO / "bench" / "lua" / "post.lua"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class WrkMissing(RuntimeError):
+    """wrk is not installed."""
+
+
+def machine_info() -> dict:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem_kib = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        mem_kib = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": model or platform.processor() or "unknown",
+        "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "gunicorn": _version("gunicorn"),
+        "falcon": _version("falcon"),
+        "wrk": wrk_version(),
+        "loadavg_before": loadavg(),
+    }
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
+
+
+def loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+WRK = {"command": "wrk"}  # --wrk changes it
+
+
+def wrk_path() -> str:
+    path = shutil.which(WRK["command"])
+    if path is None:
+        raise WrkMissing("make bench needs wrk: apt-get install wrk")
+    return path
+
+
+def wrk_version() -> str:
+    path = shutil.which(WRK["command"])
+    if path is None:
+        return "missing"
+    proc = subprocess.run([path, "-v"], capture_output=True, text=True, timeout=10)
+    first = (proc.stdout or proc.stderr).splitlines()
+    return first[0].split(" [")[0] if first else "unknown"
+
+
+# Worker processes ---------------------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU of a process, all its threads included."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss(pid: int) -> bool:
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class WorkerProbe:
+    """CPU seconds and peak RSS of a set of worker processes over one scenario."""
+
+    pids: list[int]
+    cpu_before: dict[int, float] = field(default_factory=dict)
+    rss_reset: bool = False
+
+    def start(self) -> WorkerProbe:
+        self.rss_reset = all([reset_peak_rss(pid) for pid in self.pids])
+        self.cpu_before = {pid: cpu_seconds(pid) or 0.0 for pid in self.pids}
+        return self
+
+    def finish(self) -> dict:
+        cpu = 0.0
+        for pid, before in self.cpu_before.items():
+            after = cpu_seconds(pid)
+            if after is not None:
+                cpu += after - before
+        rss = [peak_rss_mib(pid) for pid in self.pids]
+        return {"cpu_s": round(cpu, 3),
+                "peak_rss_mib": [r for r in rss if r is not None],
+                "peak_rss_since": "scenario start" if self.rss_reset else "worker start"}
+
+
+# gunicorn -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Service:
+    """A gunicorn master with its workers, serving `app_spec` on 127.0.0.1."""
+
+    def __init__(self, app_spec: str, conf: Path, workers: int, log_path: Path,
+                 env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.workers = workers
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [str(BIN / "gunicorn"), "-c", str(conf), "--bind", f"127.0.0.1:{self.port}",
+             "--workers", str(workers), app_spec],
+            cwd=REPO, env={**os.environ, **(env or {})},
+            stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> Service:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited: {self.log_tail()}")
+            try:
+                status, _ = http("GET", self.url + "/healthz")
+                if status == 200 and len(self.worker_pids()) >= self.workers:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"gunicorn not ready after {timeout} s: {self.log_tail()}")
+
+    def worker_pids(self) -> list[int]:
+        return children(self.proc.pid)
+
+    def log_tail(self, lines: int = 20) -> str:
+        self._log.flush()
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def stop(self, timeout: float = 60) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def http(method: str, url: str, body: bytes | None = None,
+         headers: dict | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+# wrk ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    threads: int = 2
+    connections: int = 16
+    duration: int = 10
+
+
+def run_wrk(url: str, bodies: Path, load: Load, *, rate_rps: float = 0,
+            key: str | None = None) -> dict:
+    """One wrk run; the figures of bench/lua/post.lua's WRK_JSON line."""
+    env = {**os.environ, "BENCH_BODIES": str(bodies), "BENCH_THREADS": str(load.threads),
+           "BENCH_RATE": f"{rate_rps:.3f}", "BENCH_KEY": key or ""}
+    args = [wrk_path(), "-t", str(load.threads), "-c", str(load.connections),
+            "-d", f"{load.duration}s", "--timeout", "10s", "-s", str(LUA), url]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env,
+                          timeout=load.duration + 60)
+    for line in proc.stdout.splitlines():
+        if line.startswith("WRK_JSON "):
+            figures = orjson.loads(line[len("WRK_JSON "):])
+            figures["duration_s"] = figures.pop("duration_us") / 1e6
+            return figures
+    raise RuntimeError(f"wrk printed no figures: {proc.stdout[-500:]} {proc.stderr[-500:]}")
+
+
+def write_bodies(path: Path, bodies: Sequence[bytes]) -> Path:
+    path.write_bytes(b"\n".join(bodies) + b"\n")
+    return path
+
+
+# Database -----------------------------------------------------------------------------
+
+
+def table_count(db_path: str, table: str) -> int:
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+    try:
+        query = f"SELECT count(*) FROM {table}"  # noqa: S608 - table is events or payments, fixed here
+        return conn.execute(query).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def max_event_id(db_path: str) -> int:
+    """Cheap stand-in for count(*) while load runs: ids are dense (nothing is deleted)."""
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+    try:
+        return conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+    finally:
+        conn.close()
+
+
+class PersistWatch:
+    """Samples the newest event id while load runs, to date when the last event landed."""
+
+    def __init__(self, db_path: str, period: float = 0.25):
+        self.db_path = db_path
+        self.period = period
+        self.started = time.monotonic()
+        self.start_id = max_event_id(db_path)
+        self.last_id = self.start_id
+        self.last_change = self.started
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            with contextlib.suppress(sqlite3.Error):
+                current = max_event_id(self.db_path)
+                if current != self.last_id:
+                    self.last_id, self.last_change = current, time.monotonic()
+
+    def wait_for(self, target_id: int, quiet: float, timeout: float) -> None:
+        """Until the id reaches `target_id` and stays `quiet` s, or `timeout` s pass."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.last_id >= target_id and time.monotonic() - self.last_change >= quiet:
+                break
+            time.sleep(self.period)
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def persisted(self) -> int:
+        return self.last_id - self.start_id
+
+
+

@@ -1,0 +1,207 @@
+"""The results of a run: derived figures, targets, the JSON file, the tables."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results" / "latest.json"
+README = REPO / "README.md"
+README_START = "<!-- bench:start -->"
+README_END = "<!-- bench:end -->"
+RESULTS_SCHEMA = 1
+
+TARGETS = (
+    # (name, target text, figure key, comparison, threshold)
+    ("single_vs_ceiling", "single events >= 90% of the bare-Falcon ceiling",
+     "single_vs_ceiling", ">=", 0.90),
+    ("batch_events_per_s", "batches >= 60,000 events/s persisted, zero 503",
+     "batch_persisted_events_per_s", ">=", 60_000),
+    ("batch_vs_raw_sqlite", "batches >= 60% of the raw SQLite insert rate",
+     "batch_vs_raw_sqlite", ">=", 0.60),
+    ("p99_at_80", "p99 <= 15 ms at 80% of the sustained batch rate", "batch_p99_ms_at_80", "<=", 15),
+    ("rss", "worker RSS <= 64 MB (MiB) under batch load", "batch_peak_rss_mib", "<=", 64),
+    ("cpu_per_event", "CPU per event in batches <= 20 us", "batch_cpu_us_per_event", "<=", 20),
+    ("reports", "each report over 1,000,000 events < 1 s", "slowest_report_s", "<", 1.0),
+)
+
+
+def _ok(result: dict | None) -> dict | None:
+    return result if result and result.get("status") == "ok" else None
+
+
+def derived_figures(scenarios: dict) -> dict:
+    """Ratios and the headline figures the targets compare, None where not measured."""
+    ceiling, single = _ok(scenarios.get("ceiling")), _ok(scenarios.get("single"))
+    batches, raw = _ok(scenarios.get("batches")), _ok(scenarios.get("sqlite"))
+    reports = _ok(scenarios.get("reports"))
+    sustained = (batches or {}).get("sustained") or {}
+    at_80 = (batches or {}).get("at_80_percent") or {}
+    figures: dict = {
+        "single_vs_ceiling": None, "batch_persisted_events_per_s": None,
+        "batch_vs_raw_sqlite": None, "batch_p99_ms_at_80": at_80.get("p99_ms"),
+        "batch_peak_rss_mib": None, "batch_cpu_us_per_event": sustained.get("cpu_us_per_event"),
+        "slowest_report_s": None,
+    }
+    if ceiling and single and ceiling.get("requests_per_s"):
+        figures["single_vs_ceiling"] = round(single["requests_per_s"] / ceiling["requests_per_s"], 3)
+    if sustained:
+        figures["batch_persisted_events_per_s"] = sustained.get("persisted_events_per_s")
+        rss = [*sustained.get("peak_rss_mib", []), *at_80.get("peak_rss_mib", [])]
+        figures["batch_peak_rss_mib"] = max(rss) if rss else None
+        if raw and raw.get("rows_per_s"):
+            figures["batch_vs_raw_sqlite"] = round(
+                sustained["persisted_events_per_s"] / raw["rows_per_s"], 3)
+    if reports and reports.get("reports"):
+        figures["slowest_report_s"] = max(r["seconds"] for r in reports["reports"])
+    return figures
+
+
+def targets(figures: dict) -> list[dict]:
+    out = []
+    for name, text, key, comparison, threshold in TARGETS:
+        value = figures.get(key)
+        met = None
+        if value is not None:
+            met = value >= threshold if comparison == ">=" else (
+                value <= threshold if comparison == "<=" else value < threshold)
+        out.append({"name": name, "target": text, "figure": value, "met": met})
+    return out
+
+
+def assemble(machine: dict, settings: dict, scenarios: dict, *, date: str | None = None) -> dict:
+    figures = derived_figures(scenarios)
+    return {
+        "schema": RESULTS_SCHEMA,
+        "date": date or dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "machine": machine,
+        "settings": settings,
+        "scenarios": scenarios,
+        "figures": figures,
+        "targets": targets(figures),
+    }
+
+
+def write_results(doc: dict, path: Path = RESULTS) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    tmp.replace(path)
+    return path
+
+
+def _fmt(value, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and digits:
+        return f"{value:,.{digits}f}"
+    if isinstance(value, (int, float)):
+        return f"{round(value):,}"
+    return str(value)
+
+
+def table_rows(doc: dict) -> list[list[str]]:
+    """Scenario, req/s, events/s, p50 ms, p99 ms, CPU us/event, peak RSS MiB, note."""
+    s = doc["scenarios"]
+    rows = []
+
+    def add(name, r, events_key="events_per_s", note=""):
+        if r is None:
+            return
+        if r.get("status") != "ok":
+            rows.append([name, "-", "-", "-", "-", "-", "-", f"{r.get('status')}: {r.get('reason', '')}"[:90]])
+            return
+        cpu = r.get("cpu_us_per_event", r.get("cpu_us_per_request"))
+        rss = max(r["peak_rss_mib"]) if r.get("peak_rss_mib") else None
+        rows.append([name, _fmt(r.get("requests_per_s")), _fmt(r.get(events_key)),
+                     _fmt(r.get("p50_ms"), 2), _fmt(r.get("p99_ms"), 2), _fmt(cpu, 1),
+                     _fmt(rss, 1), note])
+
+    ceiling = s.get("ceiling")
+    add("bare Falcon ceiling (POST 204)", ceiling, note="CPU per request")
+    single = s.get("single")
+    add("single events (~600 B, closed loop)", single, "events_per_s",
+        f"{_fmt((single or {}).get('events_in_db'))} in db" if _ok(single) else "")
+    batches = s.get("batches")
+    if _ok(batches) and batches.get("sustained"):
+        sus = {**batches["sustained"], "status": "ok"}
+        add("50-event batches, highest sustained", sus, "persisted_events_per_s",
+            f"offered {_fmt(sus['offered_events_per_s'])}/s, 0 x 503, persisted/s shown")
+        at80 = {**batches["at_80_percent"], "status": "ok"}
+        add("50-event batches at 80% of it", at80, "persisted_events_per_s",
+            f"offered {_fmt(at80['offered_events_per_s'])}/s")
+    elif batches is not None:
+        add("50-event batches", batches if batches.get("status") != "ok"
+            else {"status": "none sustained", "reason": "503 at the lowest rate"})
+    payments = s.get("payments")
+    add("payments upserts (closed loop)", payments, note="CPU per request" if _ok(payments) else "")
+    raw = s.get("sqlite")
+    if _ok(raw):
+        rows.append(["raw SQLite insert, events schema", "-", _fmt(raw["rows_per_s"]), "-", "-",
+                     "-", "-", f"{raw['transaction_rows']:,}-row transactions, {len(raw['indexes'])} index(es)"])
+    elif raw is not None:
+        add("raw SQLite insert, events schema", raw)
+    flush = s.get("flusher")
+    if _ok(flush):
+        rows.append([f"flusher alone, {flush['events_queued']:,} queued", "-",
+                     _fmt(flush["events_per_s"]), "-", "-", _fmt(flush["cpu_us_per_event"], 1),
+                     _fmt(flush["peak_rss_mib"], 1), f"drained in {flush['seconds']} s"])
+    elif flush is not None:
+        add("flusher alone", flush)
+    reports = s.get("reports")
+    if _ok(reports):
+        for r in reports["reports"]:
+            rows.append([f"report {r['name']}", "-", "-", _fmt(r["seconds"] * 1000, 1), "-", "-",
+                         "-", f"over {reports['events']:,} events"])
+    elif reports is not None:
+        add("reports", reports)
+    return rows
+
+
+HEADER = ["scenario", "req/s", "events/s", "p50 ms", "p99 ms", "CPU us/event", "RSS MiB", "note"]
+
+
+def text_table(doc: dict) -> str:
+    rows = [HEADER, *table_rows(doc)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+             for r in rows]
+    lines += ["", "ratios: single/ceiling "
+              f"{_fmt(doc['figures']['single_vs_ceiling'], 3)}, batch persisted/raw SQLite "
+              f"{_fmt(doc['figures']['batch_vs_raw_sqlite'], 3)}", "targets:"]
+    for t in doc["targets"]:
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+        lines.append(f"  {t['target']}: {_fmt(t['figure'], 3) if isinstance(t['figure'], float) else _fmt(t['figure'])} ({verdict})")
+    return "\n".join(lines)
+
+
+def markdown(doc: dict) -> str:
+    m = doc["machine"]
+    lines = [f"Measured {doc['date'][:10]} on {m['cores']} cores ({m['cpu_model']}), "
+             f"{doc['settings']['workers']} sync workers, wrk on the same cores, load average "
+             f"before the run {', '.join(map(str, m.get('loadavg_before', [])))}. "
+             f"Raw figures: `bench/results/latest.json`.", "",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(doc)]
+    lines += ["", "| target | figure | met |", "|---|---|---|"]
+    for t in doc["targets"]:
+        verdict = {True: "yes", False: "no", None: "not measured"}[t["met"]]
+        figure = _fmt(t["figure"], 3) if isinstance(t["figure"], float) else _fmt(t["figure"])
+        lines.append(f"| {t['target']} | {figure} | {verdict} |")
+    return "\n".join(lines)
+
+
+def update_readme(doc: dict, path: Path = README) -> bool:
+    """Replace the block between the bench markers of README's Performance section."""
+    text = path.read_text(encoding="utf-8")
+    if README_START not in text or README_END not in text:
+        return False
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    path.write_text(f"{head}{README_START}\n{markdown(doc)}\n{README_END}{tail}", encoding="utf-8")
+    return True
+
+
