@@ -10,8 +10,6 @@ from collections.abc import Iterable
 
 DIRECT = "Direct"
 UNATTRIBUTED = "Unattributed"
-# A medium or campaign with no source that no rule matches (GA4 calls this Unassigned).
-UNASSIGNED = "Unassigned"
 
 CHANNELS = (
     "Direct", "Cross-network", "Paid Shopping", "Paid Search", "Paid Social", "Paid Video",
@@ -19,7 +17,7 @@ CHANNELS = (
     "AI Assistants", "Organic Search", "Email", "Affiliates", "Referral", "Audio", "SMS",
     "Mobile Push Notifications",
 )
-ALL_CHANNELS = (*CHANNELS, UNASSIGNED, UNATTRIBUTED)
+ALL_CHANNELS = (*CHANNELS, UNATTRIBUTED)
 
 PAID_MEDIUM = re.compile(r"^(.*cp.*|ppc|retargeting|paid.*)$")
 SHOPPING_CAMPAIGN = re.compile(r"^(.*(([^a-df-z]|^)shop|shopping).*)$")
@@ -42,7 +40,7 @@ def classify_channel(
     click_ids: Iterable[str] = (),
     category: str | None = None,
 ) -> str:
-    """One of CHANNELS (or UNASSIGNED) for a session's first event.
+    """One of CHANNELS for a session's first event.
 
     category is the source's category from attribution.sources (search, social, video,
     shopping, ai) or None. click_ids names the click-id parameters present.
@@ -105,4 +103,6 @@ def classify_channel(
     if (medium.endswith("push") or "mobile" in medium or "notification" in medium
             or source == "firebase"):
         return "Mobile Push Notifications"
-    return "Referral" if source else UNASSIGNED
+    # Left over: with a source it is a referral; a medium alone (GA4's "Unassigned", a
+    # name outside Tally's list) came with no source, so it is a direct visit.
+    return "Referral" if source else DIRECT

@@ -110,6 +110,8 @@ def strip_www(host: str) -> str:
 def is_local(host: str) -> bool:
     if host == "localhost" or host.endswith(".localhost"):
         return True
+    if not (host[:1].isdigit() or ":" in host):  # parsing every name as an IP is slow
+        return False
     try:
         address = ipaddress.ip_address(host)
     except ValueError:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attribution import classify_visit
 from attribution.build_sources import OUTPUT, build, render
@@ -148,7 +150,7 @@ CHANNEL_CASES = [
     ("firebase", None, None, (), None, "Mobile Push Notifications"),
     ("news.ycombinator.com", None, None, (), None, "Referral"),
     ("partner", "weird", None, (), None, "Referral"),
-    (None, "weird", None, (), None, "Unassigned"),
+    (None, "weird", None, (), None, "Direct"),
 ]
 
 
@@ -160,8 +162,19 @@ def test_classify_channel(source, medium, campaign, clicks, category, expected):
 
 def test_the_table_covers_every_channel():
     assert len(CHANNEL_CASES) >= 40
-    assert {case[-1] for case in CHANNEL_CASES} == set(CHANNELS) | {"Unassigned"}
-    assert "Unattributed" in ALL_CHANNELS
+    assert {case[-1] for case in CHANNEL_CASES} == set(CHANNELS)
+    assert ALL_CHANNELS == (*CHANNELS, "Unattributed")
+
+
+_maybe_text = st.none() | st.text(max_size=30) | st.sampled_from(
+    ["google", "cpc", "email", "paid", "display", "shopping", "cross-network", "sms", "(none)"])
+
+
+@given(_maybe_text, _maybe_text, _maybe_text,
+       st.lists(st.sampled_from(["gclid", "gbraid", "wbraid", "msclkid", "fbclid"])),
+       st.none() | st.sampled_from(["search", "social", "video", "shopping", "ai"]))
+def test_every_input_gets_one_of_the_listed_channels(source, medium, campaign, clicks, category):
+    assert classify_channel(source, medium, campaign, clicks, category) in CHANNELS
 
 
 # Whole visits: (referrer host, utm values, click ids) -> (source, channel)
