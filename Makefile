@@ -24,6 +24,13 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 
+# A long random run of the property tests and of schemathesis against a live gunicorn
+# (make test runs both with a fixed seed and a few hundred cases). FUZZ_EXAMPLES=n per test.
+FUZZ_EXAMPLES ?= 2000
+fuzz: install
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_properties.py tests/test_fuzz.py
+
 # Reports figures, never fails on them (bench/run.py). Needs wrk: apt-get install wrk.
 WRK ?= wrk
 bench:
