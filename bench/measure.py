@@ -101,10 +101,12 @@ def children(pid: int) -> list[int]:
     return [int(x) for x in text.split()]
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU of a process, all its threads included."""
+def cpu_seconds(pid: int, thread: int | None = None) -> float | None:
+    """User plus system CPU of a process (all its threads, exited ones included), or of
+    one of its threads."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(path).read_text()
     except OSError:
         return None
     fields = stat.rsplit(")", 1)[1].split()
@@ -134,22 +136,30 @@ class WorkerProbe:
     """CPU seconds and peak RSS of a set of worker processes over one scenario."""
 
     pids: list[int]
-    cpu_before: dict[int, float] = field(default_factory=dict)
+    cpu_before: dict[int, tuple[float, float]] = field(default_factory=dict)
     rss_reset: bool = False
 
     def start(self) -> WorkerProbe:
         self.rss_reset = all([reset_peak_rss(pid) for pid in self.pids])
-        self.cpu_before = {pid: cpu_seconds(pid) or 0.0 for pid in self.pids}
+        self.cpu_before = {pid: self._cpu(pid) for pid in self.pids}
         return self
 
+    @staticmethod
+    def _cpu(pid: int) -> tuple[float, float]:
+        """(whole process, main thread): a sync worker serves requests on its main thread;
+        the rest is its background threads (the flush thread)."""
+        return cpu_seconds(pid) or 0.0, cpu_seconds(pid, pid) or 0.0
+
     def finish(self) -> dict:
-        cpu = 0.0
-        for pid, before in self.cpu_before.items():
-            after = cpu_seconds(pid)
-            if after is not None:
-                cpu += after - before
+        total = main = 0.0
+        for pid, (total_before, main_before) in self.cpu_before.items():
+            if cpu_seconds(pid) is None:
+                continue  # the worker is gone (restarted): its time is lost
+            total_after, main_after = self._cpu(pid)
+            total += total_after - total_before
+            main += main_after - main_before
         rss = [peak_rss_mib(pid) for pid in self.pids]
-        return {"cpu_s": round(cpu, 3),
+        return {"cpu_s": round(total, 3), "request_thread_cpu_s": round(main, 3),
                 "peak_rss_mib": [r for r in rss if r is not None],
                 "peak_rss_since": "scenario start" if self.rss_reset else "worker start"}
 

@@ -263,6 +263,7 @@ def summarize(figures: dict, server: dict, events_per_request: int,
         "max_ms": round(figures["latency_us"]["max"] / 1000, 2),
         "late_requests": figures.get("late", 0),
         "worker_cpu_s": server["cpu_s"],
+        "request_thread_cpu_s": server["request_thread_cpu_s"],
         "cpu_us_per_request": round(server["cpu_s"] * 1e6 / accepted_requests, 1)
         if accepted_requests else None,
         "peak_rss_mib": server["peak_rss_mib"],
@@ -273,6 +274,11 @@ def summarize(figures: dict, server: dict, events_per_request: int,
         result["events_accepted"] = events
         result["events_per_s"] = round(events / seconds)
         result["cpu_us_per_event"] = round(server["cpu_s"] * 1e6 / work_units, 1)
+        # The split: requests on each worker's main thread, the flush thread besides.
+        result["request_cpu_us_per_event"] = round(
+            server["request_thread_cpu_s"] * 1e6 / work_units, 1)
+        result["flush_cpu_us_per_event"] = round(
+            (server["cpu_s"] - server["request_thread_cpu_s"]) * 1e6 / work_units, 1)
     if watch is not None:
         # Stored events over the load window: with the queue bounded, a run that ends with
         # everything stored and no 503 kept up all along (at most the queues were pending).
@@ -285,7 +291,8 @@ def summarize(figures: dict, server: dict, events_per_request: int,
 def _step_line(step: dict) -> dict:
     keys = ("offered_events_per_s", "events_per_s", "persisted_events_per_s", "events_in_db",
             "statuses", "socket_errors", "late_requests", "kept_schedule", "p50_ms", "p99_ms",
-            "cpu_us_per_event", "peak_rss_mib", "rows_before", "sustained")
+            "cpu_us_per_event", "request_cpu_us_per_event", "flush_cpu_us_per_event",
+            "peak_rss_mib", "rows_before", "drain_s", "sustained")
     return {k: step.get(k) for k in keys}
 
 
