@@ -1,0 +1,271 @@
+"""Faults with a real gunicorn and real files: nothing acknowledged is lost.
+
+- the database locked by another connection,
+- the disk full (a tiny tmpfs),
+- SIGTERM under load, a graceful reload (SIGHUP), and SIGKILL of one worker.
+
+Every event carries a unique path, so "acknowledged" (204) and "stored" are compared as
+sets, not counts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.conftest import Server, bearer, cli_json, http, run_cli
+from tests.fsfaults import fill, tiny_filesystem
+from tests.routes import event, payment
+from tests.test_openapi import PENDING
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xfail(("POST", "/api/v1/events") in PENDING, strict=False,
+                      reason=PENDING.get(("POST", "/api/v1/events"), "")),
+]
+
+
+def seed(db: str) -> dict:
+    account = cli_json("account", "create", "--name", "Faults", "--plan", "scale", db=db)
+    site = cli_json("site", "create", "--account", account["id"], "--host", "example.com", db=db)
+    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
+                   "payments", "--scope", "read", db=db)
+    return {"site": site["id"], "headers": {**bearer(key["key"]), "Content-Type": "application/json"}}
+
+
+def send_event(server: Server, world: dict, number: int) -> tuple[int, dict, bytes]:
+    body = orjson.dumps(event(world["site"], f"/e/{number}"))
+    return http("POST", server.url + "/api/v1/events", body, world["headers"])
+
+
+def send_payment(server: Server, world: dict, payment_id: str) -> tuple[int, dict, bytes]:
+    body = orjson.dumps(payment(payment_id, f"cus_{payment_id}"))
+    return http("POST", server.url + "/api/v1/payments", body, world["headers"])
+
+
+def stored_event_numbers(db: str) -> set[int]:
+    with sqlite3.connect(db, timeout=30) as conn:
+        return {int(p[3:]) for (p,) in conn.execute("SELECT pathname FROM events")}
+
+
+def stored_payments(db: str) -> set[str]:
+    with sqlite3.connect(db, timeout=30) as conn:
+        return {p for (p,) in conn.execute("SELECT payment_id FROM payments")}
+
+
+def wait_until(condition, timeout: float = 30.0) -> bool:
+    """Poll a condition; the deadline only bounds a hung test, it asserts nothing about speed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def assert_refusal(status: int, headers, body: bytes, expected: tuple[int, ...]) -> None:
+    assert status in expected, (status, body)
+    error = orjson.loads(body)["error"]
+    assert error["code"] == {500: "internal_error", 503: "rate_limited"}[status]
+    if status == 503:
+        assert headers["Retry-After"] == "2"
+
+
+def assert_database_consistent(db: str) -> None:
+    check = run_cli("check", "--json", db=db, check=False)
+    report = orjson.loads(check.stdout)
+    assert check.returncode == 0 and report["integrity"] == "ok", report
+    assert report["usage"]["checked"] and report["usage"]["mismatches"] == []
+
+
+def fill_queues(server: Server, world: dict, first: int, limit: int) -> tuple[set[int], list]:
+    """Send events until several 503s show every worker's queue is full."""
+    acked, refusals = set(), []
+    for number in range(first, first + limit):
+        status, headers, body = send_event(server, world, number)
+        if status == 204:
+            acked.add(number)
+        else:
+            assert_refusal(status, headers, body, (503,))
+            refusals.append(number)
+            if len(refusals) >= 8:
+                break
+    return acked, refusals
+
+
+def test_a_locked_database_answers_503_and_loses_nothing(db_path, server_factory):
+    world = seed(db_path)
+    queue_max = 15
+    server = server_factory(db_path, workers=2, env={"TALLY_QUEUE_MAX": str(queue_max),
+                                                     "TALLY_FLUSH_INTERVAL": "0.2"})
+    assert send_event(server, world, 0)[0] == 204
+    assert wait_until(lambda: stored_event_numbers(db_path) == {0})
+
+    lock = sqlite3.connect(db_path, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")  # another connection holds the write lock
+    try:
+        acked, refused = fill_queues(server, world, 1, 200)
+        assert refused, "the queues never filled"
+        assert len(acked) <= 2 * queue_max
+        answers = {}
+        threads = [threading.Thread(target=lambda p=p: answers.__setitem__(p, send_payment(server, world, p)))
+                   for p in ("pay_locked_1", "pay_locked_2")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for status, headers, body in answers.values():
+            assert_refusal(status, headers, body, (503,))
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+
+    expected = {0} | acked
+    assert wait_until(lambda: stored_event_numbers(db_path) >= expected)
+    assert stored_event_numbers(db_path) == expected  # a refused event was not half-taken
+    assert stored_payments(db_path) == set()
+    for payment_id in answers:
+        assert send_payment(server, world, payment_id)[0] == 200
+    assert stored_payments(db_path) == set(answers)
+    assert send_event(server, world, 999)[0] == 204
+    server.stop()
+    assert stored_event_numbers(db_path) == expected | {999}
+    assert "database is locked" in server.log()
+    assert_database_consistent(db_path)
+
+
+def test_a_full_disk_refuses_loses_nothing_and_recovers(tmp_path):
+    with tiny_filesystem(tmp_path / "disk", size_kib=2048) as disk:
+        db = str(disk / "tally.db")
+        world = seed(db)
+        server = Server(db, workers=2, log_path=tmp_path / "server.log",
+                        env={"TALLY_QUEUE_MAX": "15", "TALLY_FLUSH_INTERVAL": "0.2"}).wait_ready()
+        try:
+            assert send_payment(server, world, "pay_before")[0] == 200
+            filler = fill(disk)
+
+            answers = {f"pay_full_{n}": send_payment(server, world, f"pay_full_{n}") for n in range(3)}
+            refused_payments = {p for p, (status, _, _) in answers.items() if status != 200}
+            for payment_id in refused_payments:
+                assert_refusal(*answers[payment_id], (500, 503))
+            assert refused_payments, "the disk never filled"
+            acked, refused = fill_queues(server, world, 1, 200)
+            assert refused, "the queues never filled"
+            assert "database or disk is full" in server.log()
+
+            filler.unlink()  # space returns
+            assert wait_until(lambda: stored_event_numbers(db) >= acked)
+            for payment_id in refused_payments:
+                assert send_payment(server, world, payment_id)[0] == 200
+            assert send_event(server, world, 999)[0] == 204
+        finally:
+            server.stop()
+        assert stored_event_numbers(db) == acked | {999}
+        assert stored_payments(db) == {"pay_before"} | set(answers)
+        assert_database_consistent(db)
+
+
+class Load:
+    """Threads sending events with unique numbers, recording the acknowledged ones."""
+
+    def __init__(self, server: Server, world: dict, threads: int = 4):
+        self.server, self.world = server, world
+        self.acked: set[int] = set()
+        self._next = iter(range(1, 10**9))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
+
+    def _run(self):
+        while not self._stop.is_set():
+            with self._lock:
+                number = next(self._next)
+            try:
+                status, _, _ = send_event(self.server, self.world, number)
+            except OSError:
+                return  # the server went away
+            if status == 204:
+                with self._lock:
+                    self.acked.add(number)
+
+    def __enter__(self):
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def wait_for(self, count: int) -> None:
+        assert wait_until(lambda: len(self.acked) >= count), "the load made no progress"
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+
+def test_sigterm_under_load_stores_every_acknowledged_event(db_path):
+    world = seed(db_path)
+    # A long flush interval: at SIGTERM most acknowledged events are still in memory.
+    server = Server(db_path, workers=2, env={"TALLY_FLUSH_INTERVAL": "30"}).wait_ready()
+    try:
+        with Load(server, world) as load:
+            load.wait_for(300)
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(60) == 0
+    finally:
+        server.stop()
+    assert len(load.acked) >= 300
+    assert stored_event_numbers(db_path) == load.acked
+    assert_database_consistent(db_path)
+
+
+def worker_pids(master: int) -> set[int]:
+    pids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == master:
+            pids.add(int(stat.parent.name))
+    return pids
+
+
+def test_sigkill_of_one_worker_loses_at_most_its_unflushed_queue(db_path):
+    world = seed(db_path)
+    server = Server(db_path, workers=2, env={"TALLY_FLUSH_INTERVAL": "30"}).wait_ready()
+    master = server.proc.pid
+    try:
+        before = {n for n in range(1, 41) if send_event(server, world, n)[0] == 204}
+        assert len(before) == 40
+        # A graceful reload drains every worker: all of `before` is stored.
+        old_workers = worker_pids(master)
+        os.kill(master, signal.SIGHUP)
+        assert wait_until(lambda: stored_event_numbers(db_path) == before)
+        assert wait_until(lambda: len(worker_pids(master) - old_workers) == 2)
+
+        unflushed = {n for n in range(41, 101) if send_event(server, world, n)[0] == 204}
+        assert len(unflushed) == 60
+        victim = min(worker_pids(master))
+        os.kill(victim, signal.SIGKILL)
+        assert wait_until(lambda: victim not in worker_pids(master) and len(worker_pids(master)) == 2)
+        after = {n for n in range(101, 141) if send_event(server, world, n)[0] == 204}
+        assert len(after) == 40
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(60) == 0
+    finally:
+        server.stop()
+    stored = stored_event_numbers(db_path)
+    assert before | after <= stored, "an event outside the killed worker's queue was lost"
+    lost = unflushed - stored
+    assert stored == before | after | (unflushed - lost)
+    # Only the killed worker's share of `unflushed` may be gone (which share is up to
+    # gunicorn's accept race); everything stored before, and by the other workers, stays.
+    assert len(lost) <= len(unflushed)
+    assert_database_consistent(db_path)
