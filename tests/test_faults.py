@@ -269,3 +269,28 @@ def test_sigkill_of_one_worker_loses_at_most_its_unflushed_queue(db_path):
     # gunicorn's accept race); everything stored before, and by the other workers, stays.
     assert len(lost) <= len(unflushed)
     assert_database_consistent(db_path)
+
+
+def test_a_stalled_client_cannot_hold_a_worker_past_the_timeout(db_path):
+    """gunicorn.conf.py sets the worker timeout (30 s; 2 s here to keep the test short)."""
+    import socket
+
+    world = seed(db_path)
+    server = Server(db_path, workers=1, env={"TALLY_FLUSH_INTERVAL": "30",
+                                             "GUNICORN_CMD_ARGS": "--timeout 2"}).wait_ready()
+    master = server.proc.pid
+    try:
+        acked = {n for n in range(1, 21) if send_event(server, world, n)[0] == 204}
+        assert len(acked) == 20
+        (worker,) = worker_pids(master)
+        with socket.create_connection(("127.0.0.1", server.port)) as stalled:
+            stalled.sendall(b"POST /api/v1/events HTTP/1.1\r\nHost: t\r\n")  # and then nothing
+            assert wait_until(lambda: worker not in worker_pids(master), timeout=30)
+        assert wait_until(lambda: len(worker_pids(master)) == 1)
+        assert send_event(server, world, 21)[0] == 204  # the replacement serves
+    finally:
+        server.stop()
+    assert "WORKER TIMEOUT" in server.log()
+    # The aborted worker flushed what it had acknowledged on its way out.
+    assert stored_event_numbers(db_path) == acked | {21}
+    assert_database_consistent(db_path)
