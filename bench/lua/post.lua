@@ -1,12 +1,14 @@
 -- POST bodies read from a file (one JSON body a line), in turn, to wrk's URL.
 --   BENCH_BODIES=FILE BENCH_RATE=R BENCH_THREADS=T [BENCH_KEY=secret] \
 --   wrk -t T -c C -d D -s bench/lua/post.lua URL
--- BENCH_RATE is requests per second over all threads; 0 or unset means closed loop (as
--- fast as replies come back, and no delay() at all so wrk adds no timer per request). With RATE > 0 each thread sends on a fixed schedule of slots
--- (RATE/THREADS a second, on absolute times, so it never drifts): a rate-limited open loop
--- as long as connections are free; a slot that cannot be sent on time is sent as soon as a
--- connection is free and counted in `late`/`behind_ms`, which shows the offered rate was not
--- kept. Latency is measured by wrk from the actual send (wrk2 is not packaged in Debian).
+-- BENCH_RATE is requests per second over all threads. Unset or 0: closed loop (as fast as
+-- replies come back, and no delay() at all, so wrk adds no timer per request).
+-- Above 0: wrk2 is not packaged in Debian, so this is a rate-limited open loop in plain
+-- wrk. Each thread sends on a fixed schedule of slots (RATE/THREADS a second, on absolute
+-- times, so it never drifts) as long as a connection is free; a slot that cannot be sent
+-- on time is sent as soon as one is, and counted in `late` (over 5 ms) and `behind_ms`,
+-- which show the offered rate was not kept. Latency is measured by wrk from the actual
+-- send, so a server that falls behind shows as lateness rather than as latency.
 -- At the end one line `WRK_JSON {...}` carries the figures bench/run.py reads.
 
 local ffi = require("ffi")
