@@ -18,6 +18,7 @@ import falcon
 from api import errors
 from api.auth import Authenticator
 from api.bodies import write_json
+from api.events import build_events
 from api.openapi import OpenApiDocument
 from api.payments import PaymentsResource
 from config import Config
@@ -63,6 +64,10 @@ class Tally:
         errors.install(self.wsgi)
         self.wsgi.add_route("/healthz", Health(db))
         self.wsgi.add_route("/api/v1/key", CurrentKey(self.auth))
+        self.events = build_events(config, db, self.auth, self.directory, clock, random_bytes)
+        self.flusher = self.events.flusher
+        self.services.append(self.flusher)
+        self.wsgi.add_route("/api/v1/events", self.events)
         self.wsgi.add_route("/api/v1/payments", PaymentsResource(self.auth, PaymentStore(db, clock)))
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
 

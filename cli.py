@@ -17,6 +17,7 @@ import orjson
 
 from config import Config, ConfigError
 from quota.plans import PLAN_NAMES
+from quota.usage import account_usage, month_of
 from storage.check import run_checks
 from storage.db import Database, StorageError
 from storage.directory import SCOPES, Directory, InvalidArgument, NotFound
@@ -33,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("init", help="create the database and apply the schema")
     commands.add_parser("check", help="integrity check, and monthly usage against stored events")
+    usage = commands.add_parser("usage", help="an account's counted events in a month")
+    usage.add_argument("account_id", metavar="ACCOUNT_ID")
+    usage.add_argument("--month", metavar="YYYY-MM", help="UTC month (default: this one)")
 
     account = commands.add_parser("account", help="accounts and their plans").add_subparsers(
         dest="action", required=True, metavar="ACTION")
@@ -128,6 +132,12 @@ def _check(args, ctx):
         lines.append(f"usage: {len(report.mismatches)} mismatches")
         lines += table(report.mismatches, ["account", "month", "usage", "events"])
     return report.as_json(), lines, 0 if report.ok else 1
+
+
+@command("usage")
+def _usage(args, ctx):
+    report = account_usage(ctx.db, args.account_id, args.month or month_of(ctx.clock()))
+    return report, table([report], ["account", "plan", "month", "events", "allowance", "cap"])
 
 
 @command("account", "create")

@@ -149,9 +149,62 @@ CREATE INDEX IF NOT EXISTS subscriptions_customer ON subscriptions (site_id, cus
 
 
 -- Events (issue 4) ---------------------------------------------------------
+-- One row per stored event, written only by the flush threads (storage/events.py).
+-- visitor_id: signed 64-bit keyed hash of (daily salt, site, ip, ua); NULL without ip
+-- or ua. The raw IP is never stored. session_id is filled by the attribution step of
+-- the flush (issue 6). One index: reports read a site's events over a time range.
+CREATE TABLE IF NOT EXISTS events (
+    id            INTEGER PRIMARY KEY,
+    site_id       INTEGER NOT NULL REFERENCES sites (id),
+    ts            INTEGER NOT NULL,
+    name          TEXT    NOT NULL CHECK (length(name) BETWEEN 1 AND 64),
+    visitor_id    INTEGER,
+    pathname      TEXT    NOT NULL,
+    url           TEXT    NOT NULL,
+    hostname      TEXT    NOT NULL,
+    referrer      TEXT,
+    referrer_host TEXT,
+    title         TEXT,
+    width         INTEGER CHECK (width BETWEEN 0 AND 32767),
+    language      TEXT,
+    uid           TEXT,
+    props         TEXT,
+    country       TEXT    CHECK (length(country) = 2),
+    browser       TEXT,
+    os            TEXT,
+    device        TEXT    CHECK (device = 'desktop' OR device = 'mobile' OR device = 'tablet'),
+    utm_source    TEXT,
+    utm_medium    TEXT,
+    utm_campaign  TEXT,
+    utm_term      TEXT,
+    utm_content   TEXT,
+    gclid         TEXT,
+    gbraid        TEXT,
+    wbraid        TEXT,
+    msclkid       TEXT,
+    fbclid        TEXT,
+    session_id    INTEGER
+);
+CREATE INDEX IF NOT EXISTS events_site_ts ON events (site_id, ts);
+
+-- The secret salt of each UTC day (days since 1970-01-01), shared by every worker;
+-- rows of days before yesterday are deleted (enrichment/visitor.py).
+CREATE TABLE IF NOT EXISTS visitor_salts (
+    day         INTEGER PRIMARY KEY,
+    salt        BLOB    NOT NULL CHECK (length(salt) = 32),
+    created_at  INTEGER NOT NULL
+);
 
 -- Monthly usage (issue 5) --------------------------------------------------
+-- Counted events (all but $identify and bots) per account and UTC month, incremented
+-- in the flush transaction that stores them.
+CREATE TABLE IF NOT EXISTS monthly_usage (
+    account_id  INTEGER NOT NULL REFERENCES accounts (id),
+    month       TEXT    NOT NULL CHECK (month GLOB '[0-9][0-9][0-9][0-9]-[01][0-9]'),
+    events      INTEGER NOT NULL CHECK (events >= 0),
+    PRIMARY KEY (account_id, month)
+) WITHOUT ROWID;
 
 -- Sessions, identities, attribution (issue 6) ------------------------------
 
-PRAGMA user_version = 2;
+PRAGMA user_version = 3;

@@ -1,0 +1,88 @@
+"""POST /api/v1/events: auth, size, fields, site, bots, quota, queue; then 204.
+
+The request path reads (keys and sites through 1-second caches, the shared monthly count
+at most once a second) and never writes: accepted events go on this worker's queue and
+the flush thread stores them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from api.auth import Authenticator
+from api.bodies import parse_json, read_limited
+from api.caches import TTLCache
+from api.errors import forbidden, invalid_input, not_found, quota_exceeded, rate_limited
+from enrichment.agents import BotFilter
+from enrichment.enricher import Enricher
+from enrichment.visitor import utc_day
+from ingest.flusher import Flusher
+from ingest.queue import Accepted, EventQueue
+from quota.plans import PLANS
+from quota.usage import QuotaGuard, month_of, seconds_until_next_month
+from validation.event import IDENTIFY, MAX_BODY_BYTES, InvalidEvent, parse_events
+
+
+class EventsResource:
+    def __init__(self, auth: Authenticator, sites: TTLCache, bots: BotFilter,
+                 quota: QuotaGuard, flusher: Flusher, clock: Callable[[], float]):
+        self.auth = auth
+        self.sites = sites
+        self.bots = bots
+        self.quota = quota
+        self.flusher = flusher
+        self.clock = clock
+
+    def on_post(self, req, resp):
+        key = self.auth.authenticate(req.get_header("Authorization"), "events")
+        body = parse_json(read_limited(req, MAX_BODY_BYTES))
+        now = self.clock()
+        received_ms = int(now * 1000)
+        try:
+            site_id, events = parse_events(body, received_ms)
+        except InvalidEvent as exc:
+            raise invalid_input(str(exc)) from None
+
+        site = self.sites.get(site_id)
+        if site is None:
+            raise not_found(f"no site {site_id[:64]}")
+        if site.id != key.site_id:
+            raise forbidden("this API key belongs to another site")
+        # Hostnames (step 4) of every event are checked before any is dropped as a bot
+        # (step 5): a refusal aborts the request, so one pass does both.
+        hosts, is_bot = site.hosts, self.bots.is_bot
+        kept: list = []
+        counted = 0
+        for index, event in enumerate(events):
+            if event.host not in hosts:
+                field = "u" if "b" not in body else f"b[{index}].u"
+                raise invalid_input(f"invalid event input: {field}: host {event.host}"
+                                    " is not a hostname of this site")
+            if event.ua is not None and is_bot(event.ua):
+                continue
+            kept.append(event)
+            if event.name != IDENTIFY:
+                counted += 1
+
+        month = month_of(now)
+        usage_key = (site.account_id, month)
+        if self.quota.used(usage_key) >= PLANS[site.plan].cap:
+            raise quota_exceeded(seconds_until_next_month(now))
+
+        if kept:
+            unit = Accepted(site.id, site.account_id, month, utc_day(received_ms), kept, counted)
+            self.quota.hold(usage_key, counted)
+            if not self.flusher.submit(unit):
+                self.quota.release(usage_key, counted)
+                raise rate_limited()
+        resp.status = 204
+
+
+def build_events(config, db, auth: Authenticator, directory, clock: Callable[[], float],
+                 random_bytes: Callable[[int], bytes]) -> EventsResource:
+    """The resource with its queue, flush thread (`.flusher`, not started) and quota guard."""
+    quota = QuotaGuard(db, clock)
+    flusher = Flusher(db, EventQueue(config.queue_max), Enricher(db, clock, random_bytes),
+                      interval=config.flush_interval, quota=quota)
+    sites = TTLCache(directory.find_site, clock, ttl=1.0)
+    return EventsResource(auth, sites, BotFilter(), quota, flusher, clock)

@@ -1,0 +1,190 @@
+"""The thread that drains one worker's EventQueue into the database.
+
+Every TALLY_FLUSH_INTERVAL seconds (sooner when half the queue is waiting, or when
+asked), it swaps the waiting units out under the queue's lock, enriches them and writes
+them with its own connection: one executemany in one transaction, through
+`write(conn, batch)`. When the database is locked, full or failing it keeps the batch
+and retries with backoff; the queue then fills and requests get 503. `stop()` closes the
+queue (later offers are refused), wakes the thread for a final flush and joins it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+
+from enrichment.enricher import Enricher
+from ingest.queue import Accepted, EventQueue
+from storage.db import Database, StorageBusy
+from storage.events import EventBatch, write_batch
+
+log = logging.getLogger("tally")
+
+
+class Flusher:
+    def __init__(
+        self,
+        db: Database,
+        queue: EventQueue,
+        enricher: Enricher,
+        *,
+        interval: float,
+        quota=None,
+        write: Callable[[sqlite3.Connection, EventBatch], None] = write_batch,
+        busy_timeout_ms: int = 1_000,
+        backoff: tuple[float, float] = (0.05, 1.0),
+    ):
+        self.db = db
+        self.queue = queue
+        self.enricher = enricher
+        self.interval = interval
+        self.quota = quota  # told when a flush transaction starts and ends (quota.usage)
+        self.write = write
+        self.busy_timeout_ms = busy_timeout_ms
+        self.backoff = backoff
+        self.failures = 0  # flush attempts that failed and were retried
+        self.stored_events = 0
+        self._conn: sqlite3.Connection | None = None
+        self._thread: threading.Thread | None = None
+        self._pid: int | None = None
+        self._start_lock = threading.Lock()
+        self._rounds = threading.Condition(threading.Lock())
+        self._requested = 0  # flush_now() tickets handed out
+        self._completed = 0  # tickets whose flush is done
+        self._give_up_at: float | None = None  # time.monotonic() after which stop() gives up
+
+    # lifecycle -------------------------------------------------------------
+    def start(self) -> None:
+        with self._start_lock:
+            if self._pid == os.getpid() and self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="tally-flush", daemon=True)
+            self._thread.start()
+            self._pid = os.getpid()
+
+    def stop(self, timeout: float = 25.0) -> None:
+        """Refuse new events, flush everything held and wait for it at most `timeout` s."""
+        self._give_up_at = time.monotonic() + max(0.0, timeout - min(1.0, timeout / 10))
+        self.queue.close()
+        thread = self._thread
+        if thread is None or self._pid != os.getpid():
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            log.error("flush thread still busy after %.0f s; %d events not stored",
+                      timeout, self.queue.held)
+
+    def submit(self, unit: Accepted) -> bool:
+        """Queue a request's events as one unit; False when they do not all fit."""
+        if self._pid != os.getpid():
+            self.start()  # safety net for a process where start() was never called
+        return self.queue.offer(unit)
+
+    def flush_now(self, timeout: float = 10.0) -> bool:
+        """Store everything submitted before this call; False if not done within `timeout`."""
+        if self._pid != os.getpid():
+            self.start()
+        with self._rounds:
+            self._requested += 1
+            ticket = self._requested
+        self.queue.wake()
+        with self._rounds:
+            return self._rounds.wait_for(lambda: self._completed >= ticket, timeout)
+
+    # the thread ------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.enricher.warm_up()
+        except Exception:
+            log.exception("warming up the user-agent parsers failed")
+        try:
+            due = time.monotonic() + self.interval
+            while True:
+                if not self.queue.closed:
+                    self.queue.wait(due - time.monotonic())
+                closing = self.queue.closed  # read before take(): nothing is offered after
+                with self._rounds:
+                    ticket = self._requested
+                due = time.monotonic() + self.interval
+                units = self.queue.take()
+                if units:
+                    self._store(units)
+                self._housekeeping()
+                with self._rounds:
+                    self._completed = ticket
+                    self._rounds.notify_all()
+                if closing:
+                    return
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _store(self, units: list[Accepted]) -> None:
+        batch = None
+        delay, max_delay = self.backoff
+        while True:
+            try:
+                conn = self._connection()
+                if batch is None:
+                    batch = self.enricher.build(conn, units)
+                self._commit(conn, batch)
+                self.queue.stored(units)
+                self.stored_events += len(batch.rows)
+                return
+            except Exception as exc:
+                self.failures += 1
+                held = sum(len(unit.events) for unit in units)
+                if not isinstance(exc, (StorageBusy, sqlite3.OperationalError)):
+                    self._drop_connection()
+                if self._give_up_at is not None and time.monotonic() >= self._give_up_at:
+                    log.error("shutting down: %d accepted events could not be stored: %s",
+                              held, exc)
+                    self.queue.stored(units)
+                    return
+                log.warning("storing %d events failed (%s: %s); keeping them, retry in %.2f s",
+                            held, type(exc).__name__, exc, delay)
+                pause = delay
+                if self._give_up_at is not None:
+                    pause = min(pause, max(0.0, self._give_up_at - time.monotonic()))
+                time.sleep(pause)
+                delay = min(delay * 2, max_delay)
+
+    def _commit(self, conn: sqlite3.Connection, batch: EventBatch) -> None:
+        quota = self.quota
+        if quota is not None:
+            quota.begin_commit()
+        try:
+            with self.db.transaction(conn):
+                self.write(conn, batch)
+        except BaseException:
+            batch.usage_totals.clear()
+            if quota is not None:
+                quota.end_commit()
+            raise
+        if quota is not None:
+            quota.end_commit(batch.usage, batch.usage_totals)
+
+    def _housekeeping(self) -> None:
+        try:
+            self.enricher.prune(self._connection())
+        except Exception as exc:
+            log.warning("pruning old visitor salts failed (%s); will retry", exc)
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            conn = self.db.connect()
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")  # sql-safe: int
+            self._conn = conn
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None

@@ -1,0 +1,134 @@
+"""Monthly event usage: the count each events request checks, and what `tally usage` shows.
+
+The shared count per (account, month) lives in `monthly_usage`, incremented by the flush
+in the same transaction that stores the events. The request path never writes: a worker
+reads the shared count at most once a second and adds the counted events it holds but
+has not stored yet.
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+
+from quota.plans import PLANS
+from storage.db import Database
+from storage.directory import InvalidArgument, NotFound
+
+MONTH_PATTERN = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])")
+UsageKey = tuple[int, str]  # (account id, "YYYY-MM")
+
+
+def month_of(now: float) -> str:
+    """The UTC month of a unix time, as "YYYY-MM"."""
+    moment = time.gmtime(now)
+    return f"{moment.tm_year:04d}-{moment.tm_mon:02d}"
+
+
+def seconds_until_next_month(now: float) -> int:
+    """Whole seconds (rounded up) until 00:00 UTC on the first day of next month."""
+    moment = time.gmtime(now)
+    year, month = (moment.tm_year + 1, 1) if moment.tm_mon == 12 else (moment.tm_year, moment.tm_mon + 1)
+    return max(1, math.ceil(calendar.timegm((year, month, 1, 0, 0, 0)) - now))
+
+
+def read_usage(conn: sqlite3.Connection, account_id: int, month: str) -> int:
+    row = conn.execute(
+        "SELECT events FROM monthly_usage WHERE account_id = ? AND month = ?", (account_id, month)
+    ).fetchone()
+    return row[0] if row else 0
+
+
+class QuotaGuard:
+    """An account's events this month as this worker sees them."""
+
+    def __init__(self, db: Database, clock: Callable[[], float], ttl: float = 1.0,
+                 max_entries: int = 10_000):
+        self.db = db
+        self.clock = clock
+        self.ttl = ttl
+        self._max = max_entries
+        self._lock = threading.Lock()
+        self._shared: dict[UsageKey, tuple[float, int]] = {}  # key -> (expires at, count)
+        self._unstored: dict[UsageKey, int] = {}
+        # Bumped when a flush transaction starts and when it ends: a count read from the
+        # table while a flush of this worker commits could include events that are
+        # still in _unstored, so such a read is not kept.
+        self._epoch = 0
+        self._committing = False
+
+    def used(self, key: UsageKey) -> int:
+        now = self.clock()
+        with self._lock:
+            entry = self._shared.get(key)
+            if entry is not None and entry[0] > now:
+                return entry[1] + self._unstored.get(key, 0)
+            epoch, committing = self._epoch, self._committing
+        count = read_usage(self.db.conn(), *key)
+        with self._lock:
+            clean = not committing and self._epoch == epoch
+            if clean or entry is None:
+                # A first read that raced a commit is used once and read again next time.
+                if len(self._shared) >= self._max:
+                    self._shared.clear()
+                self._shared[key] = (now + self.ttl if clean else now, count)
+            return self._shared[key][1] + self._unstored.get(key, 0)
+
+    # The flow of counted events: held by a request, then stored by the flush. --------
+    def hold(self, key: UsageKey, events: int) -> None:
+        if events:
+            with self._lock:
+                self._unstored[key] = self._unstored.get(key, 0) + events
+
+    def release(self, key: UsageKey, events: int) -> None:
+        """Held events that did not go on the queue after all."""
+        if events:
+            with self._lock:
+                self._forget(key, events)
+
+    def begin_commit(self) -> None:
+        with self._lock:
+            self._committing = True
+            self._epoch += 1
+
+    def end_commit(self, stored: dict[UsageKey, int] | None = None,
+                   totals: dict[UsageKey, int] | None = None) -> None:
+        """After a flush transaction: `stored` counted events are now in `totals` (the
+        table's counts after the commit); both None when the transaction failed."""
+        now = self.clock()
+        with self._lock:
+            for key, events in (stored or {}).items():
+                self._forget(key, events)
+            for key, total in (totals or {}).items():
+                self._shared[key] = (now + self.ttl, total)
+            self._committing = False
+            self._epoch += 1
+
+    def _forget(self, key: UsageKey, events: int) -> None:
+        left = self._unstored.get(key, 0) - events
+        if left > 0:
+            self._unstored[key] = left
+        else:
+            self._unstored.pop(key, None)
+
+
+def account_usage(db: Database, account_public_id: str, month: str) -> dict:
+    """What `tally usage` prints: the account's events in a month against its plan."""
+    if not MONTH_PATTERN.fullmatch(month):
+        raise InvalidArgument(f"--month must look like 2026-09, not {month!r}")
+    row = db.conn().execute(
+        "SELECT a.plan, COALESCE(u.events, 0) FROM accounts a"
+        " LEFT JOIN monthly_usage u ON u.account_id = a.id AND u.month = ?"
+        " WHERE a.public_id = ?",
+        (month, account_public_id),
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"no account {account_public_id}")
+    plan = PLANS[row[0]]
+    return {"account": account_public_id, "plan": plan.name, "month": month, "events": row[1],
+            "allowance": plan.allowance, "cap": plan.cap}

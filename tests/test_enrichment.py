@@ -1,0 +1,205 @@
+"""enrichment/: user agents, bots, URL pieces, countries and daily-salted visitor ids."""
+
+from __future__ import annotations
+
+import iptocc
+import pytest
+
+from enrichment.agents import AgentParser, BotFilter, describe_agent
+from enrichment.urls import campaign, pathname, url_host
+from enrichment.visitor import DAY_MS, VisitorSalts, utc_day, visitor_id
+from storage.db import Database
+from tests.conftest import FakeClock, counting_bytes
+
+CHROME_WINDOWS = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko)"
+                  " Chrome/120.0.0.0 Safari/537.36")
+SAFARI_MAC = ("Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 (KHTML, like Gecko)"
+              " Version/17.0 Safari/605.1.15")
+IPHONE = ("Mozilla/5.0 (iPhone; CPU iPhone OS 17_0 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like "
+          "Gecko) Version/17.0 Mobile/15E148 Safari/604.1")
+IPAD = ("Mozilla/5.0 (iPad; CPU OS 16_0 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) "
+        "Version/16.0 Mobile/15E148 Safari/604.1")
+ANDROID_PHONE = ("Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) "
+                 "Chrome/120.0.0.0 Mobile Safari/537.36")
+ANDROID_TABLET = ("Mozilla/5.0 (Linux; Android 13; SM-X700) AppleWebKit/537.36 (KHTML, like Gecko) "
+                  "Chrome/120.0.0.0 Safari/537.36")
+FIREFOX_LINUX = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
+EDGE = CHROME_WINDOWS + " Edg/120.0.0.0"
+
+
+@pytest.mark.parametrize(
+    ("ua", "expected"),
+    [
+        (CHROME_WINDOWS, ("Chrome", "Windows", "desktop")),
+        (EDGE, ("Edge", "Windows", "desktop")),
+        (SAFARI_MAC, ("Safari", "Mac OS X", "desktop")),
+        (FIREFOX_LINUX, ("Firefox", "Linux", "desktop")),
+        (IPHONE, ("Mobile Safari", "iOS", "mobile")),
+        (IPAD, ("Mobile Safari", "iOS", "tablet")),
+        (ANDROID_PHONE, ("Chrome Mobile", "Android", "mobile")),
+        (ANDROID_TABLET, ("Chrome", "Android", "tablet")),
+        ("something unheard of", (None, None, "desktop")),
+    ],
+)
+def test_browser_os_and_device(ua, expected):
+    assert describe_agent(ua) == expected
+    parser = AgentParser()
+    assert parser.describe(ua) == expected == parser.describe(ua)
+
+
+def test_agent_cache_is_bounded():
+    parser = AgentParser(max_entries=2)
+    for ua in (CHROME_WINDOWS, IPHONE, IPAD, FIREFOX_LINUX):
+        parser.describe(ua)
+    assert len(parser._parsed) <= 2
+    assert parser.describe(IPAD) == ("Mobile Safari", "iOS", "tablet")
+
+
+@pytest.mark.parametrize(
+    ("ua", "bot"),
+    [
+        ("Mozilla/5.0 (compatible; bingbot/2.0; +http://www.bing.com/bingbot.htm)", True),
+        ("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+         "HeadlessChrome/120.0.0.0 Safari/537.36", True),
+        ("curl/8.5.0", True),
+        ("python-requests/2.31.0", True),
+        ("python-httpx/0.27.0", True),
+        ("Apache-HttpClient/4.5.14 (Java/17.0.9)", True),
+        (CHROME_WINDOWS, False),
+        (IPHONE, False),
+        (FIREFOX_LINUX, False),
+    ],
+)
+def test_bot_verdicts(ua, bot):
+    bots = BotFilter(max_entries=3)
+    assert bots.is_bot(ua) is bot
+    assert bots.is_bot(ua) is bot  # from the cache
+    assert dict(bots._verdicts) == {ua: bot}
+
+
+@pytest.mark.parametrize(
+    ("url", "end", "path"),
+    [
+        ("https://example.com", 19, "/"),
+        ("https://example.com/", 19, "/"),
+        ("https://example.com?x=1", 19, "/"),
+        ("https://example.com#top", 19, "/"),
+        ("https://example.com/a/b?x=1#y", 19, "/a/b"),
+        ("https://example.com:8080/a%20b/", 24, "/a%20b/"),
+    ],
+)
+def test_pathname(url, end, path):
+    assert pathname(url, end) == path
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://e.com/", {}),
+        ("https://e.com/?q=1", {}),
+        ("https://e.com/?utm_source=Google+Ads&utm_medium=cpc&utm_campaign=spring%20sale",
+         {"utm_source": "Google Ads", "utm_medium": "cpc", "utm_campaign": "spring sale"}),
+        ("https://e.com/?utm_term=t&utm_content=c&utm_source=a&utm_source=b",
+         {"utm_term": "t", "utm_content": "c", "utm_source": "a"}),
+        ("https://e.com/?gclid=g&gbraid=gb&wbraid=wb&msclkid=m&fbclid=f",
+         {"gclid": "g", "gbraid": "gb", "wbraid": "wb", "msclkid": "m", "fbclid": "f"}),
+        ("https://e.com/#?utm_source=fragment", {}),
+        ("https://e.com/?x=1#utm_source=fragment", {}),
+        ("https://e.com/?utm_source=&utm_medium=email", {"utm_medium": "email"}),
+        ("https://e.com/?UTM_SOURCE=upper", {}),
+    ],
+)
+def test_campaign_parameters(url, expected):
+    names = ("utm_source", "utm_medium", "utm_campaign", "utm_term", "utm_content",
+             "gclid", "gbraid", "wbraid", "msclkid", "fbclid")
+    assert dict(zip(names, campaign(url), strict=True)) == {n: expected.get(n) for n in names}
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        (None, None),
+        ("", None),
+        ("https://www.Google.com/search?q=x", "www.google.com"),
+        ("http://t.co:443/abc", "t.co"),
+        ("https://user:pw@news.ycombinator.com./item", "news.ycombinator.com"),
+        ("android-app://com.google.android.gm/", "com.google.android.gm"),
+        ("not a url", None),
+        ("/relative/path", None),
+    ],
+)
+def test_referrer_host(url, host):
+    assert url_host(url) == host
+
+
+@pytest.mark.parametrize(
+    ("ip", "country"),
+    [("81.2.69.142", "GB"), ("8.8.8.8", "US"), ("2a00:1450:4001::1", "IE"),
+     ("127.0.0.1", None), ("10.1.2.3", None)],
+)
+def test_country_from_the_offline_database(ip, country):
+    assert iptocc.country_code(ip) == country
+
+
+# Visitor ids and salts ---------------------------------------------------------------
+
+
+@pytest.fixture
+def db(db_path):
+    database = Database(db_path)
+    yield database
+    database.close()
+
+
+def test_same_visitor_same_id_across_workers(db):
+    clock = FakeClock()
+    day = utc_day(int(clock() * 1000))
+    worker_a = VisitorSalts(db, clock, counting_bytes())
+    worker_b = VisitorSalts(db, clock, lambda n: b"\xff" * n)  # would pick another salt
+    conn_a, conn_b = db.connect(), db.connect()
+    salt = worker_a.salt(conn_a, day)
+    assert worker_b.salt(conn_b, day) == salt  # the first writer's salt wins
+    ip = bytes([203, 0, 113, 7])
+    assert visitor_id(salt, 1, ip, FIREFOX_LINUX) == visitor_id(worker_b.salt(conn_b, day), 1, ip,
+                                                                FIREFOX_LINUX)
+    conn_a.close()
+    conn_b.close()
+
+
+def test_visitor_id_depends_on_every_input():
+    salt, other_salt = b"s" * 32, b"t" * 32
+    ip, other_ip = bytes([203, 0, 113, 7]), bytes([203, 0, 113, 8])
+    base = visitor_id(salt, 1, ip, FIREFOX_LINUX)
+    assert isinstance(base, int) and -(2**63) <= base < 2**63
+    variants = [visitor_id(other_salt, 1, ip, FIREFOX_LINUX), visitor_id(salt, 2, ip, FIREFOX_LINUX),
+                visitor_id(salt, 1, other_ip, FIREFOX_LINUX), visitor_id(salt, 1, ip, IPHONE)]
+    assert base not in variants and len(set(variants)) == 4
+
+
+def test_salts_rotate_daily_and_are_kept_at_most_48_hours(db):
+    clock = FakeClock(20_000 * 86_400 + 3_600)  # 01:00 UTC on day 20,000
+    salts = VisitorSalts(db, clock, counting_bytes())
+    conn = db.connect()
+    today = utc_day(int(clock() * 1000))
+    first = salts.salt(conn, today)
+    clock.advance(86_400)
+    second = salts.salt(conn, today + 1)
+    assert first != second
+    salts.prune(conn)
+    stored = [r[0] for r in conn.execute("SELECT day FROM visitor_salts ORDER BY day")]
+    assert stored == [today, today + 1]  # yesterday's salt stays for visits across midnight
+    clock.set((today + 2) * DAY_MS / 1000)  # midnight starting the day after tomorrow
+    salts.prune(conn)
+    assert [r[0] for r in conn.execute("SELECT day FROM visitor_salts")] == [today + 1]
+    assert salts._salts == {today + 1: second}
+    conn.close()
+
+
+def test_salts_come_from_the_injected_randomness(db):
+    clock = FakeClock()
+    random_bytes = counting_bytes()
+    expected = counting_bytes()(32)
+    salts = VisitorSalts(db, clock, random_bytes)
+    conn = db.connect()
+    assert salts.salt(conn, 7) == expected
+    conn.close()

@@ -1,0 +1,216 @@
+"""ingest/: the bounded queue, the flush thread's retries and final flush, and the drain of
+a real gunicorn on SIGTERM."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import orjson
+import pytest
+
+from app import create_app
+from config import Config
+from enrichment.enricher import Enricher
+from ingest.flusher import Flusher
+from ingest.queue import Accepted, EventQueue
+from quota.usage import QuotaGuard
+from storage.db import Database
+from storage.events import write_batch
+from tests.conftest import FakeClock, bearer, cli_json, counting_bytes, http
+from validation.event import parse_events
+
+NOW_MS = 1_790_000_000_000
+FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
+
+
+def unit(count: int, name: str = "e", site_id: int = 1, account_id: int = 1,
+         counted: int | None = None) -> Accepted:
+    body = {"s": "site", "e": name, "u": "https://example.com/", "ip": "81.2.69.142", "ua": FIREFOX}
+    _, events = parse_events(body, NOW_MS)
+    return Accepted(site_id, account_id, "2026-09", NOW_MS // 86_400_000, events * count,
+                    count if counted is None else counted)
+
+
+# The queue -----------------------------------------------------------------------------
+
+
+def test_offer_is_all_or_nothing_and_counts_what_is_being_stored():
+    queue = EventQueue(100)
+    assert queue.offer(unit(50)) and queue.offer(unit(40))
+    assert not queue.offer(unit(11))
+    assert queue.held == 90 and queue.waiting == 90
+    taken = queue.take()
+    assert [len(u.events) for u in taken] == [50, 40]
+    assert queue.waiting == 0 and queue.held == 90  # taken but not stored: still held
+    assert not queue.offer(unit(11))
+    assert queue.offer(unit(10))
+    queue.stored(taken)
+    assert queue.held == 10 and queue.offer(unit(90))
+    queue.close()
+    assert not queue.offer(unit(1))
+
+
+def test_offer_wakes_the_flush_thread_at_a_quarter_of_the_queue():
+    queue = EventQueue(200)
+    woke = threading.Event()
+
+    def waiter():
+        queue.wait(60)
+        woke.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    queue.offer(unit(49))
+    assert not woke.wait(0.05)
+    queue.offer(unit(1))
+    assert woke.wait(10)
+    thread.join()
+
+
+# The flush thread --------------------------------------------------------------------
+
+
+@pytest.fixture
+def store(db_path):
+    db = Database(db_path)
+    with db.transaction() as conn:
+        conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'acct_a', 'A', 0)")
+        conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 'site_a', 1, 0)")
+    yield db
+    db.close()
+
+
+def make_flusher(db, write=write_batch, interval=3600.0, quota=None, queue_max=10_000):
+    clock = FakeClock(NOW_MS / 1000)
+    return Flusher(db, EventQueue(queue_max), Enricher(db, clock, counting_bytes()),
+                   interval=interval, quota=quota, write=write, busy_timeout_ms=20,
+                   backoff=(0.01, 0.05))
+
+
+def count(db_path: str, sql: str = "SELECT count(*) FROM events") -> int:
+    conn = sqlite3.connect(db_path)
+    try:
+        return conn.execute(sql).fetchone()[0] or 0
+    finally:
+        conn.close()
+
+
+def test_stop_flushes_everything_held(store, db_path):
+    flusher = make_flusher(store)  # an hour between flushes: only stop() can store these
+    flusher.start()
+    for i in range(30):
+        assert flusher.submit(unit(10, name=f"u{i}"))
+    flusher.stop(timeout=20)
+    assert count(db_path) == 300
+    assert count(db_path, "SELECT events FROM monthly_usage") == 300
+    assert not flusher.submit(unit(1))  # closed
+
+
+def test_write_runs_in_one_transaction_and_failures_keep_the_batch(store, db_path):
+    calls = []
+
+    def flaky_write(conn, batch):
+        calls.append(len(batch.rows))
+        assert conn.in_transaction
+        write_batch(conn, batch)  # half done, then the disk fills: must roll back
+        if len(calls) <= 3:
+            raise sqlite3.OperationalError("database or disk is full")
+
+    guard = QuotaGuard(store, FakeClock(NOW_MS / 1000))
+    flusher = make_flusher(store, write=flaky_write, quota=guard)
+    guard.hold((1, "2026-09"), 25)
+    assert flusher.submit(unit(25))
+    assert flusher.flush_now(timeout=30)
+    assert calls == [25, 25, 25, 25] and flusher.failures == 3
+    assert count(db_path) == 25  # stored once: the failed attempts rolled back
+    assert count(db_path, "SELECT events FROM monthly_usage") == 25
+    assert guard.used((1, "2026-09")) == 25  # moved from "held" to "stored", not both
+    flusher.stop(timeout=5)
+
+
+def test_unexpected_error_in_enrichment_is_retried(store, db_path, monkeypatch):
+    flusher = make_flusher(store)
+    original = flusher.enricher.build
+    failures = iter([RuntimeError("boom")])
+
+    def build(conn, units):
+        for failure in failures:
+            raise failure
+        return original(conn, units)
+
+    monkeypatch.setattr(flusher.enricher, "build", build)
+    assert flusher.submit(unit(3))
+    assert flusher.flush_now(timeout=30)
+    assert count(db_path) == 3 and flusher.failures == 1
+    flusher.stop(timeout=5)
+
+
+def test_stop_gives_up_only_at_its_deadline_when_the_database_stays_locked(store, db_path, caplog):
+    flusher = make_flusher(store)
+    assert flusher.submit(unit(5))
+    blocker = sqlite3.connect(db_path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        flusher.stop(timeout=1)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert flusher.failures >= 1
+    assert "5 accepted events could not be stored" in caplog.text
+    assert count(db_path) == 0
+
+
+def test_building_the_app_starts_no_thread(db_path):
+    before = {t.name for t in threading.enumerate()}
+    app = create_app(Config(db_path=db_path))
+    assert "tally-flush" not in {t.name for t in threading.enumerate()} - before
+    app.stop(timeout=1)
+
+
+def test_first_submit_starts_the_thread_when_start_was_never_called(store, db_path):
+    flusher = make_flusher(store)
+    assert flusher._thread is None
+    assert flusher.submit(unit(2))
+    assert flusher._thread is not None and flusher._thread.is_alive()
+    assert flusher.flush_now(timeout=30) and count(db_path) == 2
+    flusher.stop(timeout=5)
+
+
+# A real gunicorn: SIGTERM drains every acknowledged event -------------------------------
+
+
+def setup_site(db_path: str, plan: str = "scale") -> tuple[str, str, str]:
+    account = cli_json("account", "create", "--name", "Drain", "--plan", plan, db=db_path)
+    site = cli_json("site", "create", "--account", account["id"], "--host", "example.com",
+                    db=db_path)
+    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", db=db_path)
+    return account["id"], site["id"], key["key"]
+
+
+@pytest.mark.slow
+def test_sigterm_drains_every_acknowledged_event(db_path, server_factory):
+    _, site_id, key = setup_site(db_path)
+    # An hour between flushes and a large queue: nothing is stored before the SIGTERM.
+    server = server_factory(db_path, workers=2,
+                            env={"TALLY_FLUSH_INTERVAL": "3600", "TALLY_QUEUE_MAX": "100000"})
+    headers = {**bearer(key), "Content-Type": "application/json"}
+    acknowledged = 0
+    for i in range(30):
+        body = {"s": site_id, "b": [{"e": f"b{i}", "u": f"https://example.com/{j}",
+                                     "ip": f"203.0.113.{j}", "ua": FIREFOX} for j in range(50)]}
+        status, _, _ = http("POST", server.url + "/api/v1/events", orjson.dumps(body), headers)
+        assert status == 204
+        acknowledged += 50
+    for _ in range(20):
+        body = {"s": site_id, "e": "single", "u": "https://example.com/", "ua": FIREFOX}
+        status, _, _ = http("POST", server.url + "/api/v1/events", orjson.dumps(body), headers)
+        assert status == 204
+        acknowledged += 1
+    assert count(db_path) == 0  # all of it is still in the workers' memory
+
+    assert server.stop() == 0
+    assert count(db_path) == acknowledged == 1520
+    assert count(db_path, "SELECT events FROM monthly_usage") == 1520
+    assert count(db_path, "SELECT count(DISTINCT name) FROM events") == 31
+    assert "could not be stored" not in server.log()
