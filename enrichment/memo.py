@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Sized
 from typing import Any
 
 
 class Memo(dict):
     """memo[key] is fn(key), computed once; a hit costs one dictionary look-up.
 
-    When it holds max_entries it starts over: cheap, and bounded whatever callers send.
+    Bounded whatever callers send: when it holds max_entries it starts over, and a key
+    longer than max_key_length (callers choose the strings) is computed but not kept.
     """
 
-    def __init__(self, fn: Callable[[Any], Any], max_entries: int = 10_000):
+    def __init__(self, fn: Callable[[Any], Any], max_entries: int = 10_000,
+                 max_key_length: int = 1_024):
         super().__init__()
         self.fn = fn
         self.max_entries = max_entries
+        self.max_key_length = max_key_length
 
-    def __missing__(self, key: Hashable) -> Any:
+    def __missing__(self, key: Sized) -> Any:
         value = self.fn(key)
-        if len(self) >= self.max_entries:
-            self.clear()
-        self[key] = value
+        if len(key) <= self.max_key_length:
+            if len(self) >= self.max_entries:
+                self.clear()
+            self[key] = value
         return value

@@ -24,17 +24,35 @@ MONTH_PATTERN = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])")
 UsageKey = tuple[int, str]  # (account id, "YYYY-MM")
 
 
+def month_bounds(now: float) -> tuple[str, int, int]:
+    """("YYYY-MM", first second, first second of the next month) of a unix time, in UTC."""
+    moment = time.gmtime(now)
+    year, month = moment.tm_year, moment.tm_mon
+    after = (year + 1, 1) if month == 12 else (year, month + 1)
+    return (f"{year:04d}-{month:02d}", calendar.timegm((year, month, 1, 0, 0, 0)),
+            calendar.timegm((*after, 1, 0, 0, 0)))
+
+
 def month_of(now: float) -> str:
     """The UTC month of a unix time, as "YYYY-MM"."""
-    moment = time.gmtime(now)
-    return f"{moment.tm_year:04d}-{moment.tm_mon:02d}"
+    return month_bounds(now)[0]
 
 
 def seconds_until_next_month(now: float) -> int:
     """Whole seconds (rounded up) until 00:00 UTC on the first day of next month."""
-    moment = time.gmtime(now)
-    year, month = (moment.tm_year + 1, 1) if moment.tm_mon == 12 else (moment.tm_year, moment.tm_mon + 1)
-    return max(1, math.ceil(calendar.timegm((year, month, 1, 0, 0, 0)) - now))
+    return max(1, math.ceil(month_bounds(now)[2] - now))
+
+
+class UtcMonths:
+    """month_of() that recomputes only when `now` leaves the month it last answered for."""
+
+    def __init__(self):
+        self._name, self._start, self._end = "", 0, 0
+
+    def name(self, now: float) -> str:
+        if not self._start <= now < self._end:
+            self._name, self._start, self._end = month_bounds(now)
+        return self._name
 
 
 def read_usage(conn: sqlite3.Connection, account_id: int, month: str) -> int:

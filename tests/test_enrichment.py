@@ -6,6 +6,7 @@ import iptocc
 import pytest
 
 from enrichment.agents import AgentParser, BotFilter, describe_agent
+from enrichment.memo import Memo
 from enrichment.urls import campaign, pathname, url_host
 from enrichment.visitor import DAY_MS, VisitorSalts, utc_day, visitor_id
 from storage.db import Database
@@ -203,3 +204,15 @@ def test_salts_come_from_the_injected_randomness(db):
     conn = db.connect()
     assert salts.salt(conn, 7) == expected
     conn.close()
+
+
+def test_memo_is_bounded_in_entries_and_key_length():
+    calls = []
+    memo = Memo(lambda key: calls.append(key) or len(key), max_entries=2, max_key_length=10)
+    assert [memo["a"], memo["bb"], memo["a"]] == [1, 2, 1]
+    assert calls == ["a", "bb"]
+    memo["ccc"]
+    assert len(memo) <= 2
+    long_key = "x" * 11
+    assert memo[long_key] == 11 and memo[long_key] == 11
+    assert long_key not in memo and calls.count(long_key) == 2

@@ -242,6 +242,7 @@ def test_single_event_is_stored_with_its_enrichment(client, site, tally, db_path
     [row] = rows(db_path)
     visitor = row.pop("visitor_id")
     assert isinstance(visitor, int) and -(2**63) <= visitor < 2**63
+    row.pop("session_id")  # the attribution step's (issue 6)
     assert row == {
         "id": 1, "site_id": row["site_id"], "ts": int(clock() * 1000) - 5_000, "name": "pageview",
         "pathname": "/pricing/", "url": body["u"], "hostname": "www.example.com",
@@ -250,7 +251,7 @@ def test_single_event_is_stored_with_its_enrichment(client, site, tally, db_path
         "country": "GB", "browser": "Mobile Safari", "os": "iOS", "device": "mobile",
         "utm_source": "news", "utm_medium": "email", "utm_campaign": "spring",
         "utm_term": "tool", "utm_content": "hero", "gclid": "G1", "gbraid": None,
-        "wbraid": None, "msclkid": None, "fbclid": "F1", "session_id": None,
+        "wbraid": None, "msclkid": None, "fbclid": "F1",
     }
 
 
@@ -373,3 +374,10 @@ def test_nothing_is_lost_while_the_database_is_locked(small_queue, db_path):
     assert accepted == 40
     assert small_queue.flusher.flush_now(timeout=30)
     assert stored_names(db_path) == ["before"] + [f"locked {i}" for i in range(40)]
+
+
+def test_an_overlong_site_id_is_404_without_a_cache_entry(client, site, tally):
+    resp = post(client, site["key"], pageview("site_" + "x" * 5000))
+    assert_envelope(resp, 404, "not_found")
+    assert len(resp.json["error"]["message"]) < 100
+    assert all(len(key) <= 64 for key in tally.events.sites._entries)

@@ -14,7 +14,7 @@ import webtest
 from app import create_app
 from config import Config
 from quota.plans import PLANS
-from quota.usage import month_of, seconds_until_next_month
+from quota.usage import UtcMonths, month_of, seconds_until_next_month
 from tests.conftest import FakeClock, bearer, cli_json, http, run_cli
 from tests.test_http_foundation import assert_envelope
 
@@ -291,3 +291,10 @@ def test_every_worker_refuses_within_the_bound(db_path, server_factory):
     conn = sqlite3.connect(db_path)
     assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == accepted
     conn.close()
+
+
+def test_cached_month_follows_the_clock_both_ways():
+    months = UtcMonths()
+    october = calendar.timegm((2026, 10, 1, 0, 0, 0))
+    assert [months.name(t) for t in (SEPTEMBER, october - 0.001, october, SEPTEMBER)] == [
+        "2026-09", "2026-09", "2026-10", "2026-09"]
