@@ -21,6 +21,7 @@ from api.bodies import write_json
 from api.events import build_events
 from api.openapi import OpenApiDocument
 from api.payments import PaymentsResource
+from api.records import CustomerRecord, PaymentRecord
 from config import Config
 from storage.db import Database
 from storage.directory import Directory
@@ -69,6 +70,8 @@ class Tally:
         self.services.append(self.flusher)
         self.wsgi.add_route("/api/v1/events", self.events)
         self.wsgi.add_route("/api/v1/payments", PaymentsResource(self.auth, PaymentStore(db, clock)))
+        self.wsgi.add_route("/api/v1/payments/{payment_id}", PaymentRecord(self.auth, db))
+        self.wsgi.add_route("/api/v1/customers/{customer_id}", CustomerRecord(self.auth, db))
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
 
     def __call__(self, environ, start_response):

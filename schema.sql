@@ -207,4 +207,139 @@ CREATE TABLE IF NOT EXISTS monthly_usage (
 
 -- Sessions, identities, attribution (issue 6) ------------------------------
 
-PRAGMA user_version = 3;
+-- A visit: a visitor's events with gaps of at most 30 minutes. Its source, channel,
+-- referrer, landing page and UTM values are those of its earliest event.
+CREATE TABLE IF NOT EXISTS sessions (
+    id            INTEGER PRIMARY KEY,
+    site_id       INTEGER NOT NULL REFERENCES sites (id),
+    visitor_id    INTEGER NOT NULL,
+    started_at    INTEGER NOT NULL,
+    last_seen_at  INTEGER NOT NULL CHECK (last_seen_at >= started_at),
+    channel       TEXT    NOT NULL CHECK (length(channel) BETWEEN 1 AND 40),
+    source        TEXT,
+    referrer      TEXT,
+    landing_page  TEXT,
+    entry_path    TEXT,
+    utm_source    TEXT,
+    utm_medium    TEXT,
+    utm_campaign  TEXT,
+    utm_term      TEXT,
+    utm_content   TEXT,
+    pageviews     INTEGER NOT NULL DEFAULT 0 CHECK (pageviews >= 0),
+    custom_events INTEGER NOT NULL DEFAULT 0 CHECK (custom_events >= 0)
+);
+CREATE INDEX IF NOT EXISTS sessions_site_start ON sessions (site_id, started_at);
+
+-- Visitor ids are the events' signed 64-bit integers; a customer's visitor_id (text)
+-- names one in decimal ("-4211997000335042181").
+-- Every visitor id a session was seen under: its first one, and today's id of a
+-- session that crossed midnight UTC (when the daily salt, so the visitor id, changed).
+CREATE TABLE IF NOT EXISTS session_visitors (
+    site_id    INTEGER NOT NULL REFERENCES sites (id),
+    visitor_id INTEGER NOT NULL,
+    session_id INTEGER NOT NULL REFERENCES sessions (id),
+    PRIMARY KEY (site_id, visitor_id, session_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS session_visitors_session ON session_visitors (session_id);
+
+-- $identify: the caller's user id seen from a visitor (ip + ua under a daily salt).
+CREATE TABLE IF NOT EXISTS visitor_identities (
+    site_id    INTEGER NOT NULL REFERENCES sites (id),
+    uid        TEXT    NOT NULL CHECK (length(uid) BETWEEN 1 AND 128),
+    visitor_id INTEGER NOT NULL,
+    linked_at  INTEGER NOT NULL,
+    PRIMARY KEY (site_id, uid, visitor_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS visitor_identities_visitor ON visitor_identities (site_id, visitor_id);
+
+-- Each customer's first touch: the earliest session of any visitor linked to it now
+-- (customer.visitor_id, or customer.user_id -> $identify -> visitor); NULL when none, so
+-- Unattributed. The triggers below keep it current in the very transaction that changes
+-- a customer, a link or a session, whoever writes it; reports join it per payment.
+CREATE TABLE IF NOT EXISTS customer_first_touch (
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    customer_id TEXT    NOT NULL,
+    session_id  INTEGER REFERENCES sessions (id),
+    PRIMARY KEY (site_id, customer_id)
+) WITHOUT ROWID;
+
+-- Inserting (site_id, customer_id) here recomputes that customer's first touch; the row
+-- is removed by the same trigger, so the table stays empty. It is the one definition of
+-- "first touch" that every trigger below calls.
+CREATE TABLE IF NOT EXISTS first_touch_refresh (
+    site_id     INTEGER NOT NULL,
+    customer_id TEXT    NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS first_touch_refresh_run AFTER INSERT ON first_touch_refresh
+BEGIN
+    INSERT INTO customer_first_touch (site_id, customer_id, session_id)
+    SELECT NEW.site_id, NEW.customer_id, (
+        SELECT s.id FROM sessions s
+         WHERE s.id IN (
+            SELECT sv.session_id
+              FROM customers c CROSS JOIN session_visitors sv
+             WHERE c.site_id = NEW.site_id AND c.customer_id = NEW.customer_id
+               AND sv.site_id = c.site_id AND sv.visitor_id = c.visitor_id
+            UNION ALL
+            SELECT sv.session_id
+              FROM customers c CROSS JOIN visitor_identities vi CROSS JOIN session_visitors sv
+             WHERE c.site_id = NEW.site_id AND c.customer_id = NEW.customer_id
+               AND vi.site_id = c.site_id AND vi.uid = c.user_id
+               AND sv.site_id = vi.site_id AND sv.visitor_id = vi.visitor_id)
+         ORDER BY s.started_at, s.id LIMIT 1)
+    WHERE true
+    ON CONFLICT (site_id, customer_id) DO UPDATE SET session_id = excluded.session_id;
+    DELETE FROM first_touch_refresh WHERE rowid = NEW.rowid;
+END;
+
+CREATE TRIGGER IF NOT EXISTS first_touch_new_customer AFTER INSERT ON customers
+BEGIN
+    INSERT INTO first_touch_refresh (site_id, customer_id) VALUES (NEW.site_id, NEW.customer_id);
+END;
+
+CREATE TRIGGER IF NOT EXISTS first_touch_customer_links AFTER UPDATE OF user_id, visitor_id
+    ON customers WHEN NEW.user_id IS NOT OLD.user_id OR NEW.visitor_id IS NOT OLD.visitor_id
+BEGIN
+    INSERT INTO first_touch_refresh (site_id, customer_id) VALUES (NEW.site_id, NEW.customer_id);
+END;
+
+CREATE TRIGGER IF NOT EXISTS first_touch_new_identity AFTER INSERT ON visitor_identities
+BEGIN
+    INSERT INTO first_touch_refresh (site_id, customer_id)
+    SELECT site_id, customer_id FROM customers WHERE site_id = NEW.site_id AND user_id = NEW.uid;
+END;
+
+-- A visitor's new session (or a session's new visitor id after midnight).
+CREATE TRIGGER IF NOT EXISTS first_touch_new_session_visitor AFTER INSERT ON session_visitors
+BEGIN
+    INSERT INTO first_touch_refresh (site_id, customer_id)
+    SELECT site_id, customer_id FROM customers
+     WHERE site_id = NEW.site_id AND visitor_id = CAST(NEW.visitor_id AS TEXT)
+    UNION
+    SELECT c.site_id, c.customer_id
+      FROM visitor_identities vi CROSS JOIN customers c
+     WHERE vi.site_id = NEW.site_id AND vi.visitor_id = NEW.visitor_id
+       AND c.site_id = vi.site_id AND c.user_id = vi.uid;
+END;
+
+-- An event older than a session's start arrived late and became its first event.
+CREATE TRIGGER IF NOT EXISTS first_touch_earlier_session AFTER UPDATE OF started_at ON sessions
+    WHEN NEW.started_at < OLD.started_at
+BEGIN
+    INSERT INTO first_touch_refresh (site_id, customer_id)
+    SELECT c.site_id, c.customer_id
+      FROM session_visitors sv CROSS JOIN customers c
+     WHERE sv.session_id = NEW.id AND c.site_id = sv.site_id
+       AND c.visitor_id = CAST(sv.visitor_id AS TEXT)
+    UNION
+    SELECT c.site_id, c.customer_id
+      FROM session_visitors sv CROSS JOIN visitor_identities vi CROSS JOIN customers c
+     WHERE sv.session_id = NEW.id AND vi.site_id = sv.site_id AND vi.visitor_id = sv.visitor_id
+       AND c.site_id = vi.site_id AND c.user_id = vi.uid;
+END;
+
+-- Customers stored before these tables existed get their first touch when the schema
+-- is applied (a no-op on a new database).
+INSERT INTO first_touch_refresh (site_id, customer_id) SELECT site_id, customer_id FROM customers;
+
+PRAGMA user_version = 4;

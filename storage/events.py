@@ -3,14 +3,16 @@
 `write_batch(conn, batch)` runs inside the flush transaction (BEGIN IMMEDIATE ... COMMIT,
 opened by the flush thread): one executemany for the events, then the monthly usage of
 every account in the batch, so the stored count always equals the events stored.
-Sessions and identity links (issue 6) belong in this same transaction: rows are lists in
-EVENT_COLUMNS order, so a step before the insert may fill `row[SESSION_ID]` in place.
+Sessions and identity links (issue 6) are written first, in this same transaction, by
+attribution.flush.assign_sessions, which fills each row's `row[SESSION_ID]` in place.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, field
+
+from attribution.flush import assign_sessions
 
 EVENT_COLUMNS = (
     "site_id", "ts", "name", "visitor_id", "pathname", "url", "hostname", "referrer",
@@ -46,6 +48,7 @@ class EventBatch:
 
 def write_batch(conn: sqlite3.Connection, batch: EventBatch) -> None:
     """Store a batch; the caller holds the transaction. Fills batch.usage_totals."""
+    assign_sessions(conn, batch, EVENT_COLUMNS)  # sessions and $identify links (issue 6)
     conn.executemany(INSERT_EVENTS, batch.rows)
     for (account_id, month), events in batch.usage.items():
         total = conn.execute(ADD_USAGE, (account_id, month, events)).fetchone()[0]

@@ -1,0 +1,225 @@
+"""Sessions and identity links, written inside the events flush transaction.
+
+A visitor's events with gaps of at most 30 minutes form a session. The session's
+source, channel, referrer, landing page and UTM values are those of its earliest
+event (an earlier event flushed late, say by another worker, takes that place).
+A visitor id comes from a daily salt, so at midnight UTC the same person gets a new
+one: each event also carries the id under the previous day's salt, and an open
+session found under that id continues (and is recorded under the new id as well).
+
+`$identify` events open no session; they link their uid to the visitor. The
+customer_first_touch table follows every link and session change through triggers
+in schema.sql, inside the same transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from attribution import classify_visit
+
+SESSION_GAP_MS = 30 * 60 * 1000
+IDENTIFY = "$identify"
+PAGEVIEW = "pageview"
+UTM_KEYS = ("utm_source", "utm_medium", "utm_campaign", "utm_term", "utm_content")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One event, as much of it as sessions and identity links need."""
+
+    site_id: int
+    visitor_id: int | None
+    ts: int  # unix ms
+    name: str  # pageview, $identify or a custom name
+    url: str
+    pathname: str = "/"
+    referrer: str | None = None
+    referrer_host: str | None = None
+    utm: tuple[str | None, ...] = (None,) * len(UTM_KEYS)  # in UTM_KEYS order
+    click_ids: tuple[str, ...] = ()  # names of the click-id parameters present
+    uid: str | None = None
+    # The same ip + ua under the previous day's salt (None when unknown).
+    previous_visitor_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Landing:
+    """What a session's first event says about where the visit came from."""
+
+    source: str | None
+    channel: str
+    referrer: str | None
+    landing_page: str
+    entry_path: str
+    utm: tuple[str | None, ...]  # in UTM_KEYS order
+
+
+def landing_of(hit: Hit, site_hosts: Collection[str]) -> Landing:
+    utm = dict(zip(UTM_KEYS, hit.utm, strict=True))
+    touch = classify_visit(hit.referrer_host, utm, hit.click_ids, site_hosts)
+    return Landing(touch.source, touch.channel, hit.referrer or None, hit.url, hit.pathname,
+                   hit.utm)
+
+
+@dataclass
+class _Session:
+    id: int
+    started_at: int
+    last_seen_at: int
+    visitor_ids: set[str]
+    pageviews: int = 0
+    custom_events: int = 0
+    landing: Landing | None = None  # set when an event earlier than the start arrived
+    new_visitor_ids: set[str] = field(default_factory=set)
+
+    def covers(self, ts: int) -> bool:
+        return self.started_at - SESSION_GAP_MS <= ts <= self.last_seen_at + SESSION_GAP_MS
+
+
+_INSERT_SESSION = (
+    "INSERT INTO sessions (site_id, visitor_id, started_at, last_seen_at, channel, source,"
+    " referrer, landing_page, entry_path, utm_source, utm_medium, utm_campaign, utm_term,"
+    " utm_content, pageviews, custom_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0)"
+)
+_FIND_OPEN_SESSION = (
+    "SELECT s.id, s.started_at, s.last_seen_at FROM session_visitors sv"
+    " JOIN sessions s ON s.id = sv.session_id"
+    " WHERE sv.site_id = ? AND sv.visitor_id IN (?, ?)"
+    " AND s.last_seen_at >= ? AND s.started_at <= ?"
+    " ORDER BY s.last_seen_at DESC, s.id DESC LIMIT 1"
+)
+_UPDATE_COUNTS = (
+    "UPDATE sessions SET last_seen_at = max(last_seen_at, ?), pageviews = pageviews + ?,"
+    " custom_events = custom_events + ? WHERE id = ?"
+)
+_UPDATE_LANDING = (
+    "UPDATE sessions SET started_at = ?, channel = ?, source = ?, referrer = ?, landing_page = ?,"
+    " entry_path = ?, utm_source = ?, utm_medium = ?, utm_campaign = ?, utm_term = ?,"
+    " utm_content = ? WHERE id = ? AND started_at > ?"
+)
+
+
+class SessionWriter:
+    """Assigns hits to sessions and records identity links on a connection in a transaction."""
+
+    def __init__(self, site_hosts: Callable[[sqlite3.Connection, int], Collection[str]] | None = None):
+        self._site_hosts = site_hosts or hosts_of_site
+
+    def record(self, conn: sqlite3.Connection, hits: Sequence[Hit]) -> list[int | None]:
+        """The session id of each hit (None for $identify and hits without a visitor)."""
+        session_ids: list[int | None] = [None] * len(hits)
+        groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+        identifies = []
+        for index, hit in enumerate(hits):
+            if not hit.visitor_id:
+                continue
+            if hit.name == IDENTIFY:
+                identifies.append(hit)
+            else:
+                groups[(hit.site_id, hit.visitor_id)].append(index)
+        hosts: dict[int, Collection[str]] = {}
+        for (site_id, _), indexes in groups.items():
+            if site_id not in hosts:
+                hosts[site_id] = self._site_hosts(conn, site_id)
+            ordered = sorted(indexes, key=lambda i: hits[i].ts)
+            self._assign(conn, hits, ordered, hosts[site_id], session_ids)
+        self._link_identities(conn, identifies)
+        return session_ids
+
+    def _assign(self, conn, hits: Sequence[Hit], ordered: list[int], site_hosts,
+                session_ids: list[int | None]) -> None:
+        current: _Session | None = None
+        for index in ordered:
+            hit = hits[index]
+            if current is None or not current.covers(hit.ts):
+                if current is not None:
+                    _save(conn, hit.site_id, current)
+                current = _find_open(conn, hit) or _create(conn, hit, site_hosts)
+            if hit.ts < current.started_at:
+                current.started_at = hit.ts
+                current.landing = landing_of(hit, site_hosts)
+            current.last_seen_at = max(current.last_seen_at, hit.ts)
+            if hit.name == PAGEVIEW:
+                current.pageviews += 1
+            else:
+                current.custom_events += 1
+            if hit.visitor_id not in current.visitor_ids:
+                current.visitor_ids.add(hit.visitor_id)
+                current.new_visitor_ids.add(hit.visitor_id)
+            session_ids[index] = current.id
+        if current is not None:
+            _save(conn, hits[ordered[0]].site_id, current)
+
+    @staticmethod
+    def _link_identities(conn: sqlite3.Connection, identifies: Iterable[Hit]) -> None:
+        rows = []
+        for hit in identifies:
+            if not hit.uid:
+                continue
+            rows.append((hit.site_id, hit.uid, hit.visitor_id, hit.ts))
+            # Just after midnight the visit may still be open under yesterday's id.
+            if hit.previous_visitor_id and _find_open(conn, hit, only_previous=True):
+                rows.append((hit.site_id, hit.uid, hit.previous_visitor_id, hit.ts))
+        conn.executemany(
+            "INSERT INTO visitor_identities (site_id, uid, visitor_id, linked_at)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            rows,
+        )
+
+
+def _find_open(conn: sqlite3.Connection, hit: Hit, only_previous: bool = False) -> _Session | None:
+    today = None if only_previous else hit.visitor_id
+    row = conn.execute(
+        _FIND_OPEN_SESSION,
+        (hit.site_id, today, hit.previous_visitor_id,
+         hit.ts - SESSION_GAP_MS, hit.ts + SESSION_GAP_MS),
+    ).fetchone()
+    if row is None:
+        return None
+    visitors = {
+        r[0] for r in conn.execute(
+            "SELECT visitor_id FROM session_visitors WHERE session_id = ?", (row[0],))
+    }
+    return _Session(row[0], row[1], row[2], visitors)
+
+
+def _create(conn: sqlite3.Connection, hit: Hit, site_hosts) -> _Session:
+    landing = landing_of(hit, site_hosts)
+    session_id = conn.execute(
+        _INSERT_SESSION,
+        (hit.site_id, hit.visitor_id, hit.ts, hit.ts, landing.channel, landing.source,
+         landing.referrer, landing.landing_page, landing.entry_path, *landing.utm),
+    ).lastrowid
+    return _Session(session_id, hit.ts, hit.ts, set())
+
+
+def _save(conn: sqlite3.Connection, site_id: int, session: _Session) -> None:
+    if session.landing is not None:
+        landing = session.landing
+        conn.execute(
+            _UPDATE_LANDING,
+            (session.started_at, landing.channel, landing.source, landing.referrer,
+             landing.landing_page, landing.entry_path, *landing.utm, session.id,
+             session.started_at),
+        )
+        session.landing = None
+    conn.execute(
+        _UPDATE_COUNTS,
+        (session.last_seen_at, session.pageviews, session.custom_events, session.id),
+    )
+    session.pageviews = session.custom_events = 0
+    conn.executemany(
+        "INSERT INTO session_visitors (site_id, visitor_id, session_id) VALUES (?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
+        [(site_id, visitor_id, session.id) for visitor_id in sorted(session.new_visitor_ids)],
+    )
+    session.new_visitor_ids.clear()
+
+
+def hosts_of_site(conn: sqlite3.Connection, site_id: int) -> frozenset[str]:
+    rows = conn.execute("SELECT host FROM site_hosts WHERE site_id = ?", (site_id,))
+    return frozenset(r[0] for r in rows)
