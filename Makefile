@@ -11,7 +11,10 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	# compat mode puts the repo root on sys.path, so packages added later import
+	# without reinstalling.
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check \
+		--config-settings editable_mode=compat -e '.[test]'
 	touch $@
 
 run: install
