@@ -122,10 +122,13 @@ class SessionWriter:
             else:
                 groups[(hit.site_id, hit.visitor_id)].append(index)
         hosts: dict[int, Collection[str]] = {}
-        for (site_id, _), indexes in groups.items():
+        by_visitor = [sorted(indexes, key=lambda i: hits[i].ts) for indexes in groups.values()]
+        # Earliest visitor first: a batch spanning midnight holds yesterday's id (which
+        # opens the visit) and today's (which must find it through previous_visitor_id).
+        for ordered in sorted(by_visitor, key=lambda indexes: hits[indexes[0]].ts):
+            site_id = hits[ordered[0]].site_id
             if site_id not in hosts:
                 hosts[site_id] = self._site_hosts(conn, site_id)
-            ordered = sorted(indexes, key=lambda i: hits[i].ts)
             self._assign(conn, hits, ordered, hosts[site_id], session_ids)
         self._link_identities(conn, identifies)
         return session_ids

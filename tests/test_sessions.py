@@ -122,6 +122,16 @@ def test_a_session_crosses_midnight_under_the_previous_days_visitor_id(env):
     assert len(env.sessions()) == 2
 
 
+def test_one_batch_spanning_midnight_keeps_one_session(env):
+    midnight = int(datetime(2026, 9, 22, tzinfo=UTC).timestamp() * 1000)
+    # Today's id comes first in the batch, yet yesterday's event opened the visit.
+    ids = env.record(env.hit(midnight + 2 * MIN, visitor=102, previous=101),
+                     env.hit(midnight - 2 * MIN, visitor=101, referrer=GOOGLE))
+    assert ids[0] == ids[1]
+    (row,) = env.sessions()
+    assert row[4] == "Organic Search" and row[9] == 2
+
+
 def test_events_without_a_visitor_and_identify_open_no_session(env):
     ids = env.record(env.hit(T0, visitor=None),
                      env.hit(T0, name="$identify", uid="user-1", referrer=GOOGLE))
