@@ -20,8 +20,6 @@ HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "tra
 # Operations the document describes before their issue has landed. Each entry turns
 # green (XPASS) when the endpoint is served; then delete it here.
 PENDING = {
-    ("GET", "/api/v1/payments/{}"): "issue 6 (read endpoints) has not landed",
-    ("GET", "/api/v1/customers/{}"): "issue 6 (read endpoints) has not landed",
     ("GET", "/api/v1/stats/revenue"): "issue 7 (reports) has not landed",
     ("GET", "/api/v1/stats/mrr"): "issue 7 (reports) has not landed",
     ("GET", "/api/v1/stats/mrr/movements"): "issue 7 (reports) has not landed",
