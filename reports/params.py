@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 
 DEFAULT_DAYS = 30
 MAX_DAYS = 366
@@ -93,7 +93,9 @@ def parse_date_range(params: Mapping[str, object], today: date) -> DateRange:
     """`from`/`to`, inclusive; by default the 30 days ending today (or ending `to`)."""
     raw_from, raw_to = _single(params, "from"), _single(params, "to")
     end = parse_date("to", raw_to) if raw_to else today
-    start = parse_date("from", raw_from) if raw_from else end - timedelta(days=DEFAULT_DAYS - 1)
+    # The default window is cut at 0001-01-01 rather than overflowing past it.
+    default_start = date.fromordinal(max(1, end.toordinal() - (DEFAULT_DAYS - 1)))
+    start = parse_date("from", raw_from) if raw_from else default_start
     if start > end:
         raise InvalidReportParameter(f"from: {start} is after to {end}")
     if (end - start).days + 1 > MAX_DAYS:

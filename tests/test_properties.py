@@ -180,3 +180,39 @@ def test_events_answer_any_body_with_2xx_or_the_envelope(world, data):
     assert_answer(resp, 204)
     if resp.status_int == 204:
         assert resp.body == b""
+
+
+# Report parameters -------------------------------------------------------------
+
+param_values = (
+    st.text(max_size=12)
+    | st.dates().map(str)
+    | st.integers(min_value=-5, max_value=2000).map(str)
+    | st.sampled_from(["", "0001-01-01", "9999-12-31", "2026-02-30", "channel", "page"])
+)
+report_params = st.dictionaries(
+    st.sampled_from(["from", "to", "at", "by", "limit"]) | st.text(max_size=6),
+    param_values | st.lists(param_values, min_size=2, max_size=3),
+    max_size=4,
+)
+
+
+@budget(400)
+@given(report_params, st.dates())
+def test_report_parameters_parse_or_raise_their_own_error(params, today):
+    from reports.params import (
+        InvalidReportParameter,
+        check_known,
+        parse_at,
+        parse_date_range,
+        parse_dimension,
+        parse_limit,
+    )
+
+    for parse in (lambda: parse_date_range(params, today), lambda: parse_at(params, today),
+                  lambda: parse_limit(params), lambda: parse_dimension(params),
+                  lambda: check_known(params, ("from", "to"))):
+        try:
+            parse()
+        except InvalidReportParameter as exc:
+            assert str(exc)
