@@ -146,9 +146,11 @@ def table_rows(doc: dict) -> list[list[str]]:
         add("raw SQLite insert, events schema", raw)
     flush = s.get("flusher")
     if _ok(flush):
-        rows.append([f"flusher alone, {flush['events_queued']:,} queued", "-",
+        enrich = flush.get("enrich_only") or {}
+        rows.append([f"flush thread alone, {flush['events']:,} events", "-",
                      _fmt(flush["events_per_s"]), "-", "-", _fmt(flush["cpu_us_per_event"], 1),
-                     _fmt(flush["peak_rss_mib"], 1), f"drained in {flush['seconds']} s"])
+                     "-", f"{flush['seconds']} s; enrichment alone "
+                     f"{_fmt(enrich.get('cpu_us_per_event'), 1)} us/event"])
     elif flush is not None:
         add("flusher alone", flush)
     reports = s.get("reports")

@@ -22,6 +22,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,14 @@ from pathlib import Path
 
 import orjson
 
-from bench.bodies import BATCH_SIZE, SITE_HOSTS, batch_bodies, payment_bodies, single_event_bodies
+from bench.bodies import (
+    BATCH_SIZE,
+    REFERRERS,
+    SITE_HOSTS,
+    batch_bodies,
+    payment_bodies,
+    single_event_bodies,
+)
 from bench.measure import (
     BIN,
     REPO,
@@ -39,6 +47,7 @@ from bench.measure import (
     Service,
     WorkerProbe,
     WrkMissing,
+    cpu_seconds,
     http,
     loadavg,
     machine_info,
@@ -73,6 +82,7 @@ class Bench:
     site: str = ""
     key: str = ""
     flusher_db: str = ""
+    flusher_site: str = ""
     flush_interval: float = 1.0
 
     # Tally under gunicorn ---------------------------------------------------------
@@ -81,10 +91,13 @@ class Bench:
             return self.tally
         self.db_path = str(self.folder / "tally.db")
         env = {"TALLY_DB": self.db_path, "TALLY_LOG_LEVEL": "WARNING"}
-        cli = [str(BIN / "tally"), "--json"]
-        run = lambda *args: orjson.loads(subprocess.run(  # noqa: E731
-            [*cli, *args], capture_output=True, check=True, cwd=REPO,
-            env={**os.environ, **env}, timeout=60).stdout)
+        def run(*args: str) -> dict:
+            proc = subprocess.run([str(BIN / "tally"), "--json", *args], capture_output=True,
+                                  cwd=REPO, env={**os.environ, **env}, timeout=60)
+            if proc.returncode != 0:
+                raise RuntimeError(f"tally {args[0]} failed: {proc.stderr.decode()[-300:]}")
+            return orjson.loads(proc.stdout)
+
         run("init")
         account = run("account", "create", "--name", "Bench", "--plan", "scale")
         hosts = [arg for host in SITE_HOSTS for arg in ("--host", host)]
@@ -362,75 +375,101 @@ def _flush_transaction_rows() -> int:
 
 
 def flusher_drain(folder: Path, events: int, bench: Bench | None = None,
-                  enrich_only_events: int | None = None) -> dict:
-    """The project's own flush code alone draining `events` queued events into SQLite,
-    then (for the split of its cost) draining again with the write replaced by nothing."""
+                  spread_days: int = 30) -> dict:
+    """The project's own flush thread alone storing `events` events into SQLite.
+
+    A feeder keeps the worker's queue (TALLY_QUEUE_MAX, as in the service) topped up with
+    prebuilt accepted units, so the flush thread works at its natural transaction size
+    until all are stored. Receipt times spread over `spread_days` so the database is a
+    realistic one for the reports scenario. Then the same drain with the write replaced
+    by nothing splits enrichment from the write.
+    """
     try:
         from enrichment.enricher import Enricher
         from ingest.flusher import Flusher
-        from ingest.queue import Accepted, EventQueue
-        from validation.event import parse_events
+        from ingest.queue import EventQueue
     except ImportError as exc:
         raise ScenarioSkipped(f"the flush code is not there yet: {exc}") from None
-    import resource
     import secrets
 
-    from enrichment.visitor import utc_day
-    from quota.usage import month_of
+    from config import Config
     from storage.db import Database
     from storage.directory import Directory
 
+    config = Config.from_env()
     path = str(folder / "flusher.db")
     db = Database(path)
     directory = Directory(db, time.time)
     account = directory.create_account("Bench", "scale")
     site = directory.create_site(account["id"], list(SITE_HOSTS))
     record = directory.find_site(site["id"])
-    now = time.time()
-    received_ms = int(now * 1000)
-    units = []
-    for body in batch_bodies(site["id"], count=200, seed=77):
-        _, clean = parse_events(orjson.loads(body), received_ms)
-        units.append(Accepted(record.id, record.account_id, month_of(now), utc_day(received_ms),
-                              clean, len(clean)))
+    end_ms = int(time.time() * 1000)
+    units = accepted_units(record, events, end_ms - spread_days * 86_400_000, end_ms)
 
-    def drain(count: int, **flusher_options) -> tuple[float, float, bool]:
-        # flush_at above the count: nothing is flushed until everything is queued.
-        queue = EventQueue(count + BATCH_SIZE, flush_at=count + BATCH_SIZE + 1)
+    def drain(units: list, **flusher_options) -> dict:
+        queue = EventQueue(config.queue_max)
         flusher = Flusher(db, queue, Enricher(db, time.time, secrets.token_bytes),
-                          interval=3600, **flusher_options)
+                          interval=config.flush_interval, **flusher_options)
         flusher.start()
         flusher.flush_now(timeout=120)  # the thread has warmed up its parsers
-        queued = 0
-        while queued < count:
-            unit = units[(queued // BATCH_SIZE) % len(units)]
-            if not queue.offer(unit):
-                raise RuntimeError("the bench queue refused a unit")
-            queued += len(unit.events)
-        cpu_before = time.process_time()
+        # Its CPU, read from /proc: the thread the Flusher started, found by its name.
+        thread_id = next(t.native_id for t in threading.enumerate() if t.name == "tally-flush")
+        cpu_before = cpu_seconds(os.getpid(), thread_id) or 0.0
         started = time.perf_counter()
+        for unit in units:
+            while not queue.offer(unit):
+                time.sleep(0.0005)
         done = flusher.flush_now(timeout=900)
         seconds = time.perf_counter() - started
-        cpu = time.process_time() - cpu_before
+        cpu = (cpu_seconds(os.getpid(), thread_id) or 0.0) - cpu_before
         flusher.stop(timeout=60)
-        return seconds, cpu, done
+        count = sum(len(unit.events) for unit in units)
+        return {"events": count, "seconds": round(seconds, 2),
+                "events_per_s": round(count / seconds), "finished": done,
+                "cpu_us_per_event": round(cpu * 1e6 / count, 1)}
 
-    seconds, cpu, done = drain(events)
-    stored = table_count(path, "events")
-    result = {"events_queued": events, "events_stored": stored, "finished": done,
-              "seconds": round(seconds, 2), "events_per_s": round(stored / seconds),
-              "cpu_us_per_event": round(cpu * 1e6 / max(stored, 1), 1),
-              "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-              "what": "ingest.flusher.Flusher draining one EventQueue in the bench process "
-                      "(RSS is the bench process, holding the queue)"}
+    result = drain(units)
+    result["events_stored"] = table_count(path, "events")
+    result["queue_max"] = config.queue_max
+    result["what"] = ("ingest.flusher.Flusher in the bench process, its queue kept full; "
+                      "CPU is the flush thread's")
     if bench is not None:
-        bench.flusher_db = path
-    count = enrich_only_events or max(BATCH_SIZE, events // 5)
-    seconds, cpu, _ = drain(count, write=lambda conn, batch: None)
-    result["enrich_only"] = {"events": count, "events_per_s": round(count / seconds),
-                             "cpu_us_per_event": round(cpu * 1e6 / count, 1),
-                             "what": "the same drain with the write replaced by nothing"}
+        bench.flusher_db, bench.flusher_site = path, site["id"]
+    result["enrich_only"] = drain(units[: max(1, len(units) // 5)],
+                                  write=lambda conn, batch: None)
+    result["enrich_only"]["what"] = "the same drain with the write replaced by nothing"
     return result
+
+
+def accepted_units(site, events: int, start_ms: int, end_ms: int) -> list:
+    """`events` accepted events in 50-event units as the events endpoint queues them,
+    with receipt times rising evenly from `start_ms` to `end_ms`. Their bodies are the
+    batch bodies plus, in each batch, a referrer (some with UTM tags) on the first event
+    and a `$identify` of one of the payment customers' user ids on the last."""
+    from enrichment.visitor import utc_day
+    from ingest.queue import Accepted
+    from quota.usage import month_of
+    from validation.event import IDENTIFY, parse_events
+
+    pool = []
+    for n, body in enumerate(batch_bodies(site.public_id, count=200, seed=77)):
+        batch = orjson.loads(body)
+        first, last = batch["b"][0], batch["b"][-1]
+        first["r"] = REFERRERS[n % len(REFERRERS)]
+        if n % 3 == 0:
+            first["u"] += f"?utm_source=newsletter&utm_medium=email&utm_campaign=c{n % 4}"
+        last.update(e=IDENTIFY, uid=f"user_{n % 400}")
+        pool.append(parse_events(batch, end_ms)[1])
+    count = -(-events // BATCH_SIZE)
+    step = (end_ms - start_ms) / max(count, 1)
+    units = []
+    for i in range(count):
+        received = int(start_ms + i * step)
+        clean = [event._replace(ts=received) for event in pool[i % len(pool)]]
+        counted = sum(1 for event in clean if event.name != IDENTIFY)
+        units.append(Accepted(site.id, site.account_id, month_of(received / 1000),
+                              utc_day(received), clean, counted))
+    return units
 
 
 # Main ---------------------------------------------------------------------------------
