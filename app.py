@@ -22,6 +22,7 @@ from api.events import build_events
 from api.openapi import OpenApiDocument
 from api.payments import PaymentsResource
 from api.records import CustomerRecord, PaymentRecord
+from api.stats import add_stats_routes
 from config import Config
 from storage.db import Database
 from storage.directory import Directory
@@ -72,6 +73,7 @@ class Tally:
         self.wsgi.add_route("/api/v1/payments", PaymentsResource(self.auth, PaymentStore(db, clock)))
         self.wsgi.add_route("/api/v1/payments/{payment_id}", PaymentRecord(self.auth, db))
         self.wsgi.add_route("/api/v1/customers/{customer_id}", CustomerRecord(self.auth, db))
+        add_stats_routes(self.wsgi, self.auth, db, clock)  # GET /api/v1/stats/* (issue 7)
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
 
     def __call__(self, environ, start_response):

@@ -18,6 +18,10 @@ import orjson
 from config import Config, ConfigError
 from quota.plans import PLAN_NAMES
 from quota.usage import account_usage, month_of
+from reports.money import json_ready
+from reports.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter, utc_today
+from reports.service import run_report
+from reports.text import mrr_lines, revenue_lines, traffic_lines
 from storage.check import run_checks
 from storage.db import Database, StorageError
 from storage.directory import SCOPES, Directory, InvalidArgument, NotFound
@@ -65,6 +69,23 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--site", metavar="SITE_ID")
     revoke = key.add_parser("revoke", help="revoke a key")
     revoke.add_argument("key_id", metavar="KEY_ID")
+
+    report = commands.add_parser("report", help="revenue, MRR and traffic of a site").add_subparsers(
+        dest="action", required=True, metavar="REPORT")
+    for name, help_text in (("revenue", "revenue per currency and first-touch channel"),
+                            ("mrr", "MRR at a date, and its movements per month"),
+                            ("traffic", "traffic totals and a breakdown")):
+        sub = report.add_parser(name, help=help_text)
+        sub.add_argument("--site", required=True, metavar="SITE_ID")
+        sub.add_argument("--from", dest="from_date", metavar="YYYY-MM-DD",
+                         help="first UTC day (default: 29 days before --to)")
+        sub.add_argument("--to", dest="to_date", metavar="YYYY-MM-DD",
+                         help="last UTC day, inclusive (default: today)")
+        if name == "mrr":
+            sub.add_argument("--at", metavar="YYYY-MM-DD", help="UTC day (default: today)")
+        if name == "traffic":
+            sub.add_argument("--by", default="channel", choices=BREAKDOWN_DIMENSIONS)
+            sub.add_argument("--limit", default="100", metavar="N", help="rows, 1 to 1000")
     return parser
 
 
@@ -187,6 +208,43 @@ def _key_list(args, ctx):
 def _key_revoke(args, ctx):
     result = ctx.directory.revoke_key(args.key_id)
     return result, [f"revoked {args.key_id}"]
+
+
+def _run_reports(args, ctx, *reports: tuple[str, dict]) -> list[dict]:
+    """The endpoints' data for the site (money as Decimal), with the endpoints' checks."""
+    site = ctx.directory.find_site(args.site)
+    if site is None:
+        raise NotFound(f"no site {args.site}")
+    today = utc_today(ctx.clock)
+    try:
+        return [run_report(name, ctx.db.conn(), site.id,
+                           {k: v for k, v in params.items() if v is not None}, today)
+                for name, params in reports]
+    except InvalidReportParameter as exc:
+        raise CliError(str(exc)) from None
+
+
+@command("report", "revenue")
+def _report_revenue(args, ctx):
+    (data,) = _run_reports(args, ctx, ("revenue", {"from": args.from_date, "to": args.to_date}))
+    return json_ready(data), revenue_lines(data, table)
+
+
+@command("report", "mrr")
+def _report_mrr(args, ctx):
+    mrr, movements = _run_reports(args, ctx, ("mrr", {"at": args.at}),
+                                  ("movements", {"from": args.from_date, "to": args.to_date}))
+    return json_ready({"mrr": mrr, "movements": movements}), mrr_lines(mrr, movements, table)
+
+
+@command("report", "traffic")
+def _report_traffic(args, ctx):
+    period = {"from": args.from_date, "to": args.to_date}
+    aggregate, breakdown = _run_reports(
+        args, ctx, ("aggregate", period),
+        ("breakdown", {**period, "by": args.by, "limit": args.limit}))
+    result = {"aggregate": aggregate, "breakdown": breakdown}
+    return json_ready(result), traffic_lines(aggregate, breakdown, table)
 
 
 def main(argv: Sequence[str] | None = None, *, context: Context | None = None) -> int:

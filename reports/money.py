@@ -83,3 +83,15 @@ def _encode(value):
 def dumps(payload) -> bytes:
     """orjson with Decimal written as an exact JSON number."""
     return orjson.dumps(payload, default=_encode)
+
+
+def json_ready(value):
+    """The value with each Decimal replaced by its exact JSON number, for a plain
+    orjson.dumps elsewhere (the CLI)."""
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_ready(v) for v in value]
+    if isinstance(value, Decimal):
+        return _encode(value)
+    return value

@@ -214,12 +214,14 @@ def month_windows(period: DateRange) -> list[tuple[date, date]]:
     """The calendar months the range touches, each clipped to the range: (first day, last day)."""
     windows = []
     first = period.start
-    while first <= period.end:
-        next_month = (first.replace(day=1) + timedelta(days=32)).replace(day=1)
-        last = min(next_month - timedelta(days=1), period.end)
-        windows.append((first, last))
+    while True:
+        if period.end.year == first.year and period.end.month == first.month:
+            windows.append((first, period.end))
+            return windows
+        # Not the range's last month, so not December 9999: the next month exists.
+        next_month = date(first.year + first.month // 12, first.month % 12 + 1, 1)
+        windows.append((first, next_month - timedelta(days=1)))
         first = next_month
-    return windows
 
 
 def _customer_values(history: SubscriptionHistory, t: int) -> dict[tuple[str, str], Fraction]:

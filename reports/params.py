@@ -71,13 +71,11 @@ def check_known(params: Mapping[str, object], allowed: Collection[str]) -> None:
 
 
 def _single(params: Mapping[str, object], name: str) -> str | None:
-    """The parameter's one value; absent and empty both mean "use the default"."""
+    """The parameter's one value; absent means "use the default", empty is a bad value."""
     value = params.get(name)
     if isinstance(value, (list, tuple)):
         raise InvalidReportParameter(f"{name}: give it at most once")
-    if value is None or value == "":
-        return None
-    return str(value)
+    return None if value is None else str(value)
 
 
 def parse_date(name: str, raw: str) -> date:
@@ -92,10 +90,10 @@ def parse_date(name: str, raw: str) -> date:
 def parse_date_range(params: Mapping[str, object], today: date) -> DateRange:
     """`from`/`to`, inclusive; by default the 30 days ending today (or ending `to`)."""
     raw_from, raw_to = _single(params, "from"), _single(params, "to")
-    end = parse_date("to", raw_to) if raw_to else today
+    end = parse_date("to", raw_to) if raw_to is not None else today
     # The default window is cut at 0001-01-01 rather than overflowing past it.
     default_start = date.fromordinal(max(1, end.toordinal() - (DEFAULT_DAYS - 1)))
-    start = parse_date("from", raw_from) if raw_from else default_start
+    start = parse_date("from", raw_from) if raw_from is not None else default_start
     if start > end:
         raise InvalidReportParameter(f"from: {start} is after to {end}")
     if (end - start).days + 1 > MAX_DAYS:
@@ -105,7 +103,7 @@ def parse_date_range(params: Mapping[str, object], today: date) -> DateRange:
 
 def parse_at(params: Mapping[str, object], today: date) -> date:
     raw = _single(params, "at")
-    return parse_date("at", raw) if raw else today
+    return parse_date("at", raw) if raw is not None else today
 
 
 def parse_limit(params: Mapping[str, object]) -> int:

@@ -17,7 +17,7 @@ from reports.money import round_half_up
 class SessionTotals:
     """Counts over the sessions that started in the range."""
 
-    visitors: int = 0  # distinct visitor ids
+    visitors: int = 0  # distinct visitor ids of those sessions
     pageviews: int = 0
     sessions: int = 0
     events: int = 0  # custom events, never $identify

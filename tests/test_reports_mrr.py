@@ -201,6 +201,12 @@ def test_month_windows_are_clipped_to_the_range():
     ]
     assert month_windows(DateRange(date(2025, 12, 5), date(2025, 12, 5))) == [
         (date(2025, 12, 5), date(2025, 12, 5))]
+    assert month_windows(DateRange(date(2025, 12, 5), date(2026, 1, 1))) == [
+        (date(2025, 12, 5), date(2025, 12, 31)), (date(2026, 1, 1), date(2026, 1, 1))]
+    assert month_windows(DateRange(date(9999, 11, 20), date(9999, 12, 31)))[-1] == (
+        date(9999, 12, 1), date(9999, 12, 31))
+    assert month_windows(DateRange(date(1, 1, 1), date(1, 2, 3)))[0] == (
+        date(1, 1, 1), date(1, 1, 31))
 
 
 MOVEMENT_HISTORY = [

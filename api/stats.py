@@ -1,0 +1,51 @@
+"""GET /api/v1/stats/*: revenue, MRR, MRR movements, traffic aggregate and breakdown.
+
+Scope `read`; a key only ever sees its own site. Parameters are checked by
+reports.params and a bad one is 400 invalid_input with its message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from api.auth import Authenticator
+from api.errors import invalid_input
+from reports.money import dumps
+from reports.params import InvalidReportParameter, utc_today
+from reports.service import run_report
+from storage.db import Database
+
+# Route -> report name (reports.service.REPORTS).
+STATS_ROUTES = {
+    "/api/v1/stats/revenue": "revenue",
+    "/api/v1/stats/mrr": "mrr",
+    "/api/v1/stats/mrr/movements": "movements",
+    "/api/v1/stats/aggregate": "aggregate",
+    "/api/v1/stats/breakdown": "breakdown",
+}
+
+
+class StatsResource:
+    def __init__(self, report: str, auth: Authenticator, db: Database,
+                 clock: Callable[[], float]):
+        self.report = report
+        self.auth = auth
+        self.db = db
+        self.clock = clock
+
+    def on_get(self, req, resp):
+        key = self.auth.authenticate(req.get_header("Authorization"), scope="read")
+        try:
+            data = run_report(self.report, self.db.conn(), key.site_id, req.params,
+                              utc_today(self.clock))
+        except InvalidReportParameter as exc:
+            raise invalid_input(str(exc)) from None
+        resp.status = 200
+        resp.content_type = "application/json"
+        # Money is Decimal: dumps writes it as an exact JSON number.
+        resp.data = dumps({"ok": True, "data": data})
+
+
+def add_stats_routes(app, auth: Authenticator, db: Database, clock: Callable[[], float]) -> None:
+    for path, report in STATS_ROUTES.items():
+        app.add_route(path, StatsResource(report, auth, db, clock))
