@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 
 import orjson
@@ -84,23 +85,33 @@ def batch_bodies(site: str, count: int = 200, seed: int = 50) -> list[bytes]:
     return bodies
 
 
-def payment_bodies(count: int = 2_000, distinct: int = 1_000, seed: int = 3) -> list[bytes]:
-    """Payments with customer and subscription; ids repeat, so half are updates."""
+def payment_bodies(count: int = 2_000, distinct: int = 1_000, seed: int = 3,
+                   now: dt.datetime | None = None) -> list[bytes]:
+    """Payments with customer and subscription over the 28 days before `now`; ids
+    repeat, so past `distinct` they are updates. Customers carry `user_<k>` user ids
+    (k < 400), which the flusher scenario's `$identify` events link to visitors; kinds,
+    statuses, currencies and subscription intervals vary as the reports need."""
     rnd = random.Random(seed)
+    now = (now or dt.datetime.now(dt.UTC)).replace(microsecond=0)
     bodies = []
     for i in range(count):
         n = i % distinct
+        customer = n % 400
         amount = rnd.choice(("19", "49", "99.5", "249"))
+        kind = "refund" if n % 17 == 0 else "chargeback" if n % 53 == 0 else "charge"
+        paid = now - dt.timedelta(days=n % 28, minutes=1 + n % 60)
         payment = {
             "payment_id": f"pay_bench_{n:06d}",
-            "customer": {"id": f"cus_{n % 400:05d}", "email": f"Buyer{n % 400}@Example.com",
-                         "user_id": f"user_{n % 400}", "name": "Jane Doe", "country": "DE"},
-            "amount": float(amount), "currency": rnd.choice(("EUR", "USD")),
-            "fee": 1.25, "kind": "charge", "paid_at": f"2026-11-{1 + n % 25:02d}T10:00:00Z",
-            "status": "succeeded", "metadata": {"invoice": f"in_{n:06d}"},
-            "subscription": {"id": f"sub_{n % 400:05d}", "plan": "pro", "interval": "month",
-                             "status": "active", "amount": float(amount),
-                             "started_at": "2026-01-01T00:00:00Z"},
+            "customer": {"id": f"cus_{customer:05d}", "email": f"Buyer{customer}@Example.com",
+                         "user_id": f"user_{customer}", "name": "Jane Doe", "country": "DE"},
+            "amount": float(amount), "currency": ("EUR", "USD")[customer % 2],
+            "fee": 1.25, "kind": kind, "paid_at": paid.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "status": "failed" if n % 29 == 0 else "succeeded",
+            "metadata": {"invoice": f"in_{n:06d}"},
+            "subscription": {"id": f"sub_{customer:05d}", "plan": ("pro", "team")[customer % 2],
+                             "interval": ("month", "year", "week")[customer % 3],
+                             "status": "canceled" if customer % 11 == 0 else "active",
+                             "amount": float(amount), "started_at": "2026-01-01T00:00:00Z"},
         }
         bodies.append(orjson.dumps(payment))
     return bodies

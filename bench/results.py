@@ -44,7 +44,7 @@ def derived_figures(scenarios: dict) -> dict:
         "single_vs_ceiling": None, "batch_persisted_events_per_s": None,
         "batch_vs_raw_sqlite": None, "batch_p99_ms_at_80": at_80.get("p99_ms"),
         "batch_peak_rss_mib": None, "batch_cpu_us_per_event": sustained.get("cpu_us_per_event"),
-        "slowest_report_s": None,
+        "slowest_report_s": None, "slowest_report": None,
     }
     if ceiling and single and ceiling.get("requests_per_s"):
         figures["single_vs_ceiling"] = round(single["requests_per_s"] / ceiling["requests_per_s"], 3)
@@ -57,6 +57,7 @@ def derived_figures(scenarios: dict) -> dict:
                 sustained["persisted_events_per_s"] / raw["rows_per_s"], 3)
     if reports and reports.get("reports"):
         figures["slowest_report_s"] = max(r["seconds"] for r in reports["reports"])
+        figures["slowest_report"] = max(reports["reports"], key=lambda r: r["seconds"])["name"]
     return figures
 
 
@@ -156,8 +157,10 @@ def table_rows(doc: dict) -> list[list[str]]:
     reports = s.get("reports")
     if _ok(reports):
         for r in reports["reports"]:
+            failed = [s for s in r["statuses"] if s != 200]
             rows.append([f"report {r['name']}", "-", "-", _fmt(r["seconds"] * 1000, 1), "-", "-",
-                         "-", f"over {reports['events']:,} events"])
+                         "-", f"{reports['events']:,} events, {reports['payments']:,} payments"
+                         + (f"; answered {failed}" if failed else "")])
     elif reports is not None:
         add("reports", reports)
     return rows

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,7 +77,7 @@ class Bench:
     quick: bool = False
     raw_rows: int = 500_000
     flusher_events: int = 1_000_000
-    report_events: int = 1_000_000
+    report_payments: int = 3_000
     tally: Service | None = None
     db_path: str = ""
     site: str = ""
@@ -252,12 +253,64 @@ class Bench:
         return flusher_drain(self.folder, self.flusher_events, self)
 
     def reports(self) -> dict:
-        raise ScenarioSkipped("the reports issue has not landed yet")
+        """Each report over the flusher scenario's stored events, through the real service,
+        after payments (linked to the events' `$identify` user ids) are posted."""
+        if not self.flusher_db:
+            raise ScenarioSkipped("needs the events stored by the flusher scenario")
+        from storage.db import Database
+        from storage.directory import Directory
+
+        key = Directory(Database(self.flusher_db), time.time).create_key(
+            self.flusher_site, ["read", "payments"])["key"]
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        service = Service("app:app", REPO / "gunicorn.conf.py", self.workers,
+                          self.folder / "reports.log",
+                          {"TALLY_DB": self.flusher_db, "TALLY_LOG_LEVEL": "WARNING"}).wait_ready()
+        try:
+            status, answer = http("GET", service.url + REPORT_PATHS[0][1], headers=headers)
+            if status == 404:
+                raise ScenarioSkipped(f"GET {REPORT_PATHS[0][1]} answered 404")
+            sample = payment_bodies(count=self.report_payments, distinct=self.report_payments)
+            with ThreadPoolExecutor(8) as pool:
+                answers = list(pool.map(
+                    lambda body: http("POST", service.url + "/api/v1/payments", body, headers)[0],
+                    sample))
+            timings = [time_report(service.url + path, headers, name)
+                       for name, path in REPORT_PATHS]
+        finally:
+            service.stop()
+        return {"events": table_count(self.flusher_db, "events"),
+                "payments": table_count(self.flusher_db, "payments"),
+                "payments_refused": sum(1 for status in answers if status != 200),
+                "reports": timings,
+                "what": "GET each report 3 times through gunicorn; seconds is the median"}
 
     def close(self) -> None:
         if self.tally is not None:
             self.tally.stop()
             self.tally = None
+
+
+REPORT_PATHS = (
+    ("aggregate", "/api/v1/stats/aggregate"),
+    ("revenue", "/api/v1/stats/revenue"),
+    ("mrr", "/api/v1/stats/mrr"),
+    ("movements", "/api/v1/stats/mrr/movements"),
+    *((f"breakdown by {by}", f"/api/v1/stats/breakdown?by={by}")
+      for by in ("channel", "source", "page", "entry_page", "country", "device", "browser",
+                 "os", "event")),
+)
+
+
+def time_report(url: str, headers: dict, name: str, runs: int = 3) -> dict:
+    seconds, statuses = [], set()
+    for _ in range(runs):
+        started = time.perf_counter()
+        status, _ = http("GET", url, headers=headers)
+        seconds.append(time.perf_counter() - started)
+        statuses.add(status)
+    return {"name": name, "seconds": round(sorted(seconds)[len(seconds) // 2], 3),
+            "runs_s": [round(x, 3) for x in seconds], "statuses": sorted(statuses)}
 
 
 def summarize(figures: dict, server: dict, events_per_request: int,
@@ -523,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tally-bench-") as folder:
         bench = Bench(args.workers, load, Path(folder), quick=args.quick)
         if args.quick:
-            bench.raw_rows, bench.flusher_events, bench.report_events = 100_000, 100_000, 100_000
+            bench.raw_rows, bench.flusher_events, bench.report_payments = 100_000, 100_000, 500
         try:
             for name in SCENARIOS:
                 if name in args.only:

@@ -150,3 +150,15 @@ def test_harness_measures_the_ceiling_end_to_end(tmp_path):
     assert ceiling["requests"] > 0 and ceiling["statuses"] == {"204": ceiling["requests"]}
     assert ceiling["worker_cpu_s"] >= 0 and len(ceiling["peak_rss_mib"]) == 1
     assert "bare Falcon ceiling" in proc.stdout
+
+
+def test_slowest_report_is_the_reports_figure():
+    scenarios = {"reports": _scenario(events=1_000_000, payments=3_000, reports=[
+        {"name": "aggregate", "seconds": 0.4, "statuses": [200]},
+        {"name": "breakdown by page", "seconds": 1.2, "statuses": [200]},
+        {"name": "revenue", "seconds": 0.01, "statuses": [200]}])}
+    doc = results.assemble({"cores": 2, "cpu_model": "Test CPU"}, {"workers": 2}, scenarios)
+    assert doc["figures"]["slowest_report_s"] == 1.2
+    assert doc["figures"]["slowest_report"] == "breakdown by page"
+    assert {t["name"]: t["met"] for t in doc["targets"]}["reports"] is False
+    assert "report breakdown by page" in results.text_table(doc)
