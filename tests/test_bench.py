@@ -161,4 +161,6 @@ def test_slowest_report_is_the_reports_figure():
     assert doc["figures"]["slowest_report_s"] == 1.2
     assert doc["figures"]["slowest_report"] == "breakdown by page"
     assert {t["name"]: t["met"] for t in doc["targets"]}["reports"] is False
-    assert "report breakdown by page" in results.text_table(doc)
+    table = results.text_table(doc)
+    assert "traffic reports (aggregate, breakdowns)" in table and "(breakdown by page)" in table
+    assert "money reports (revenue, mrr, movements)" in table
