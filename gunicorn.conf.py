@@ -37,6 +37,9 @@ def on_starting(server):
 
 
 def post_worker_init(worker):
+    from api.wire_errors import install as answer_wire_errors_in_json
+
+    answer_wire_errors_in_json()
     tally_log = logging.getLogger("tally")
     tally_log.handlers = list(worker.log.error_log.handlers)
     tally_log.setLevel(worker.wsgi.config.log_level)
