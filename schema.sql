@@ -342,4 +342,10 @@ END;
 -- is applied (a no-op on a new database).
 INSERT INTO first_touch_refresh (site_id, customer_id) SELECT site_id, customer_id FROM customers;
 
-PRAGMA user_version = 4;
+-- Reports (issue 7) ----------------------------------------------------------
+-- MRR reads, for a subscription stored without an amount, its latest succeeded charge
+-- before an instant: a seek here instead of a walk over the site's payments.
+CREATE INDEX IF NOT EXISTS payments_subscription
+    ON payments (site_id, subscription_id, paid_at_ms) WHERE subscription_id IS NOT NULL;
+
+PRAGMA user_version = 5;

@@ -9,7 +9,8 @@ report by hand.
 from __future__ import annotations
 
 import math
-from decimal import Decimal
+from contextlib import contextmanager
+from decimal import Context, Decimal, Inexact, InvalidOperation, Overflow, localcontext
 from fractions import Fraction
 
 import orjson
@@ -25,6 +26,18 @@ def minor_unit_exponent(currency: str) -> int:
     """Decimal places figures in the currency are rounded to (EUR 2, JPY 0, KWD 3)."""
     exponent = iso_minor_unit_exponent(currency)
     return UNITLESS_PLACES if exponent is None else exponent
+
+
+# Sums of amounts stay exact with 60 significant digits; were one ever to need more, the
+# Inexact trap raises instead of rounding silently.
+_EXACT = Context(prec=60, traps=[Inexact, InvalidOperation, Overflow])
+
+
+@contextmanager
+def exact_decimals():
+    """Decimal arithmetic inside the block is exact or raises."""
+    with localcontext(_EXACT):
+        yield
 
 
 def round_half_up(value: Fraction | Decimal | int) -> int:

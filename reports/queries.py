@@ -11,10 +11,20 @@ it as binary floats.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Collection, Mapping
 from datetime import date
 from decimal import Decimal
 
-from reports.mrr import Observation, SubscriptionHistory, SubscriptionPayment, mrr_at, mrr_movements
+import orjson
+
+from reports.mrr import (
+    Observation,
+    SubscriptionHistory,
+    SubscriptionPayment,
+    SubscriptionState,
+    mrr_at,
+    mrr_movements,
+)
 from reports.params import DateRange, end_of_day_ms
 from reports.revenue import UNATTRIBUTED, PaymentRow, revenue_by_currency
 from reports.traffic import BreakdownCount, SessionTotals, breakdown_rows, traffic_aggregate
@@ -24,31 +34,79 @@ PAGEVIEW = "pageview"
 
 # A customer's first-touch channel is the session customer_first_touch names (kept current
 # by the attribution triggers in schema.sql); no row or no session means Unattributed.
+# Payments alike (same customer, kind, currency, amount and fee: a subscription's monthly
+# charges) come as one row with their count, so Python adds up far fewer rows.
 _REVENUE_PAYMENTS = (
-    "SELECT p.customer_id, p.kind, p.status, p.currency, p.amount, p.fee, fs.channel"
+    "SELECT p.customer_id, p.kind, p.currency, p.amount, p.fee, count(*), fs.channel"
     " FROM payments p"
     " LEFT JOIN customer_first_touch ft ON ft.site_id = p.site_id AND ft.customer_id = p.customer_id"
     " LEFT JOIN sessions fs ON fs.id = ft.session_id"
     " WHERE p.site_id = ? AND p.paid_at_ms >= ? AND p.paid_at_ms < ? AND p.status = 'succeeded'"
+    " GROUP BY p.customer_id, p.kind, p.currency, p.amount, p.fee"
 )
 
-_OBSERVATIONS = (
-    "SELECT o.subscription_id, o.customer_id, o.currency, o.effective_at_ms, o.status, o.amount,"
-    " o.interval, o.plan, o.started_at_ms, o.ended_at_ms, fs.channel"
-    " FROM subscription_observations o"
+# Each subscription's latest observation before an instant (on a tie, the one stored
+# last: the subscriptions table keeps the same order), found by a seek per subscription in
+# subscription_observations_sub, with its latest succeeded charge in that currency before
+# the instant when it has no amount (payments_subscription, schema.sql's reports section).
+_STATES_AT = (
+    "SELECT o.subscription_id, o.customer_id, o.currency, o.status, o.amount, o.interval,"
+    " o.plan, o.started_at_ms, o.ended_at_ms,"
+    " CASE WHEN o.amount IS NULL THEN ("
+    "  SELECT p.amount FROM payments p"
+    "   WHERE p.site_id = o.site_id AND p.subscription_id = o.subscription_id"
+    "     AND p.currency = o.currency AND p.kind = 'charge' AND p.status = 'succeeded'"
+    "     AND p.paid_at_ms < ?1"
+    "   ORDER BY p.paid_at_ms DESC, p.id DESC LIMIT 1) END,"
+    " fs.channel"
+    " FROM subscriptions s"
+    " JOIN subscription_observations o ON o.id = ("
+    "  SELECT o2.id FROM subscription_observations o2"
+    "   WHERE o2.site_id = s.site_id AND o2.subscription_id = s.subscription_id"
+    "     AND o2.effective_at_ms < ?1"
+    "   ORDER BY o2.effective_at_ms DESC, o2.id DESC LIMIT 1)"
     " LEFT JOIN customer_first_touch ft ON ft.site_id = o.site_id AND ft.customer_id = o.customer_id"
     " LEFT JOIN sessions fs ON fs.id = ft.session_id"
-    " WHERE o.site_id = ? AND o.effective_at_ms < ?"
-    " ORDER BY o.effective_at_ms, o.id"
+    " WHERE s.site_id = ?2"
+    " AND (?3 IS NULL OR s.subscription_id IN (SELECT value FROM json_each(?3)))"
 )
 
-# Fallback amounts, needed only for subscriptions observed without one.
-_SUBSCRIPTION_CHARGES = (
+_CHANGED_BETWEEN = (
+    "SELECT subscription_id FROM subscription_observations"
+    " WHERE site_id = ?1 AND effective_at_ms >= ?2 AND effective_at_ms < ?3"
+    " UNION"
+    " SELECT subscription_id FROM payments"
+    " WHERE site_id = ?1 AND paid_at_ms >= ?2 AND paid_at_ms < ?3"
+    " AND subscription_id IS NOT NULL AND kind = 'charge' AND status = 'succeeded'"
+)
+
+# The whole history of the subscriptions some customers ever held (given as a JSON array),
+# to find when each first had a positive monthly value.
+_FIRST_OBSERVED = (
+    "SELECT customer_id, currency, min(effective_at_ms) FROM subscription_observations"
+    " WHERE site_id = ?1 AND customer_id IN (SELECT value FROM json_each(?2))"
+    " GROUP BY customer_id, currency"
+)
+
+# The whole history of some subscriptions (given as a JSON array), to find when their
+# customers first had a positive monthly value.
+_CUSTOMERS_SUBSCRIPTIONS = (
+    "SELECT DISTINCT subscription_id FROM subscription_observations"
+    " WHERE site_id = ?1 AND customer_id IN (SELECT value FROM json_each(?2))"
+)
+_HISTORY_OBSERVATIONS = (
+    "SELECT o.subscription_id, o.customer_id, o.currency, o.effective_at_ms, o.status, o.amount,"
+    " o.interval, o.plan, o.started_at_ms, o.ended_at_ms"
+    # CROSS JOIN keeps the list outermost: a seek per subscription, then one sort.
+    " FROM json_each(?2) j CROSS JOIN subscription_observations o"
+    " ON o.site_id = ?1 AND o.subscription_id = j.value"
+    " ORDER BY o.effective_at_ms, o.id"
+)
+_HISTORY_CHARGES = (
     "SELECT p.subscription_id, p.currency, p.amount, p.paid_at_ms, p.kind, p.status"
-    " FROM payments p"
-    " WHERE p.site_id = ? AND p.paid_at_ms < ? AND p.kind = 'charge' AND p.status = 'succeeded'"
-    " AND p.subscription_id IN (SELECT o.subscription_id FROM subscription_observations o"
-    " WHERE o.site_id = ? AND o.amount IS NULL)"
+    " FROM json_each(?2) j CROSS JOIN payments p"
+    " ON p.site_id = ?1 AND p.subscription_id = j.value"
+    " WHERE p.kind = 'charge' AND p.status = 'succeeded'"
     " ORDER BY p.paid_at_ms, p.id"
 )
 
@@ -108,43 +166,88 @@ def _decimal(text: str | None) -> Decimal | None:
 
 def revenue(conn: sqlite3.Connection, site_id: int, period: DateRange) -> dict:
     rows, channels = [], {}
-    for customer, kind, status, currency, amount, fee, channel in conn.execute(
+    for customer, kind, currency, amount, fee, count, channel in conn.execute(
             _REVENUE_PAYMENTS, (site_id, period.start_ms, period.end_ms)):
-        rows.append(PaymentRow(customer, kind, status, currency, Decimal(amount), _decimal(fee)))
+        rows.append(PaymentRow(customer, kind, "succeeded", currency, Decimal(amount),
+                               _decimal(fee), count))
         channels[customer] = channel or UNATTRIBUTED
     return {"from": period.start.isoformat(), "to": period.end.isoformat(),
             "currencies": revenue_by_currency(rows, channels)}
 
 
-def subscription_history(conn: sqlite3.Connection, site_id: int,
-                         before_ms: int) -> tuple[SubscriptionHistory, dict[str, str]]:
-    """Every observation and fallback charge dated before the instant, and the customers'
-    channels."""
-    observations, channels = [], {}
-    rows = conn.execute(_OBSERVATIONS, (site_id, before_ms))
-    for seq, (sub_id, customer, currency, effective_at, status, amount, interval, plan,
-              started_at, ended_at, channel) in enumerate(rows):
-        observations.append(Observation(
-            sub_id, customer, currency, effective_at, status, _decimal(amount), interval, plan,
-            started_at, ended_at, seq))
-        channels[customer] = channel or UNATTRIBUTED
-    payments = [
-        SubscriptionPayment(sub_id, currency, Decimal(amount), paid_at, kind, status, seq)
-        for seq, (sub_id, currency, amount, paid_at, kind, status) in enumerate(
-            conn.execute(_SUBSCRIPTION_CHARGES, (site_id, before_ms, site_id)))
-    ]
-    return SubscriptionHistory(observations, payments), channels
+class SqlSubscriptions:
+    """A site's subscriptions read from SQLite (reports.mrr.SubscriptionSource)."""
+
+    def __init__(self, conn: sqlite3.Connection, site_id: int):
+        self.conn = conn
+        self.site_id = site_id
+        self.channels: dict[str, str] = {}  # customer -> first-touch channel, as states are read
+        self._states: dict[int, list[SubscriptionState]] = {}  # all states, by instant
+
+    def states_at(self, t: int,
+                  subscription_ids: Collection[str] | None = None) -> list[SubscriptionState]:
+        wanted = None if subscription_ids is None else orjson.dumps(sorted(subscription_ids))
+        if wanted is None and t in self._states:
+            return self._states[t]
+        states = []
+        for (sub_id, customer, currency, status, amount, interval, plan, started_at, ended_at,
+             fallback, channel) in self.conn.execute(
+                _STATES_AT, (t, self.site_id, wanted and wanted.decode())):
+            states.append(SubscriptionState(
+                sub_id, customer, currency, status, _decimal(amount), interval, plan,
+                started_at, ended_at, _decimal(fallback)))
+            self.channels[customer] = channel or UNATTRIBUTED
+        if wanted is None:
+            self._states[t] = states
+        return states
+
+    def changed_between(self, t0: int, t1: int) -> set[str]:
+        return {row[0] for row in self.conn.execute(_CHANGED_BETWEEN, (self.site_id, t0, t1))}
+
+    def first_positive(self, until: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+        if not until:
+            return {}
+        customers = orjson.dumps(sorted({customer for _, customer in until})).decode()
+        # Nothing is positive before its first observation: a key first observed at or after
+        # its until - 1 is not positive before until (a new customer, the common case).
+        first_seen = {(currency, customer): at for customer, currency, at in self.conn.execute(
+            _FIRST_OBSERVED, (self.site_id, customers))}
+        result = {key: first_seen[key] + 1 for key in until if key in first_seen}
+        doubtful = {key[1] for key, before in until.items()
+                    if key in first_seen and first_seen[key] + 1 < before}
+        if not doubtful:
+            return result
+        subscriptions = [row[0] for row in self.conn.execute(
+            _CUSTOMERS_SUBSCRIPTIONS, (self.site_id, orjson.dumps(sorted(doubtful)).decode()))]
+        params = (self.site_id, orjson.dumps(subscriptions).decode())
+        observations = [
+            Observation(sub_id, customer, currency, at, status, _decimal(amount), interval, plan,
+                        started_at, ended_at, seq)
+            for seq, (sub_id, customer, currency, at, status, amount, interval, plan, started_at,
+                      ended_at) in enumerate(self.conn.execute(_HISTORY_OBSERVATIONS, params))
+        ]
+        payments = [
+            SubscriptionPayment(sub_id, currency, Decimal(amount), paid_at, kind, status, seq)
+            for seq, (sub_id, currency, amount, paid_at, kind, status) in enumerate(
+                self.conn.execute(_HISTORY_CHARGES, params))
+        ]
+        history = SubscriptionHistory(observations, payments)
+        exact = {key: before for key, before in until.items() if key[1] in doubtful}
+        for key in exact:
+            result.pop(key, None)
+        result.update(history.first_positive(exact))
+        return result
 
 
 def mrr(conn: sqlite3.Connection, site_id: int, at: date) -> dict:
-    history, channels = subscription_history(conn, site_id, end_of_day_ms(at))
-    return {"at": at.isoformat(), "currencies": mrr_at(history, at, channels)}
+    source = SqlSubscriptions(conn, site_id)
+    source.states_at(end_of_day_ms(at))  # read now (kept), so the channels are known
+    return {"at": at.isoformat(), "currencies": mrr_at(source, at, source.channels)}
 
 
 def movements(conn: sqlite3.Connection, site_id: int, period: DateRange) -> dict:
-    history, _ = subscription_history(conn, site_id, period.end_ms)
     return {"from": period.start.isoformat(), "to": period.end.isoformat(),
-            "currencies": mrr_movements(history, period)}
+            "currencies": mrr_movements(SqlSubscriptions(conn, site_id), period)}
 
 
 def aggregate(conn: sqlite3.Connection, site_id: int, period: DateRange) -> dict:

@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import NamedTuple
 
-from reports.money import round_money
+from reports.money import exact_decimals, round_money
 
 UNATTRIBUTED = "Unattributed"
 KINDS = ("charge", "refund", "chargeback")
 
 
-@dataclass(frozen=True)
-class PaymentRow:
-    """One stored payment, as much of it as revenue needs."""
+class PaymentRow(NamedTuple):
+    """`count` stored payments alike in all these fields (one, unless SQL grouped them)."""
 
     customer_id: str
     kind: str
@@ -22,6 +22,7 @@ class PaymentRow:
     currency: str
     amount: Decimal
     fee: Decimal | None = None
+    count: int = 1
 
 
 @dataclass
@@ -34,16 +35,17 @@ class _Totals:
     customers: set = field(default_factory=set)
 
     def add(self, row: PaymentRow) -> None:
+        amount = row.amount * row.count
         if row.kind == "charge":
-            self.gross += row.amount
+            self.gross += amount
         elif row.kind == "refund":
-            self.refunds += row.amount
+            self.refunds += amount
         elif row.kind == "chargeback":
-            self.chargebacks += row.amount
+            self.chargebacks += amount
         else:
             raise ValueError(f"unknown payment kind {row.kind!r}")
-        self.fees += row.fee or 0
-        self.payments += 1
+        self.fees += (row.fee or 0) * row.count
+        self.payments += row.count
         self.customers.add(row.customer_id)
 
     def figures(self, currency: str) -> dict:
@@ -73,12 +75,13 @@ def revenue_by_currency(rows: Iterable[PaymentRow], channels: Mapping[str, str])
     """
     totals: dict[str, _Totals] = {}
     by_channel: dict[str, dict[str, _Totals]] = {}
-    for row in rows:
-        if row.status != "succeeded":
-            continue
-        channel = channels.get(row.customer_id) or UNATTRIBUTED
-        totals.setdefault(row.currency, _Totals()).add(row)
-        by_channel.setdefault(row.currency, {}).setdefault(channel, _Totals()).add(row)
+    with exact_decimals():
+        for row in rows:
+            if row.status != "succeeded":
+                continue
+            channel = channels.get(row.customer_id) or UNATTRIBUTED
+            totals.setdefault(row.currency, _Totals()).add(row)
+            by_channel.setdefault(row.currency, {}).setdefault(channel, _Totals()).add(row)
     report = {}
     for currency in sorted(totals):
         channel_rows = [

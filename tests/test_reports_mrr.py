@@ -337,12 +337,12 @@ def test_movements_add_up_and_new_means_first_time(observations, payments):
             value = history.value_at(sub_id, t)
             if value and value.monthly > 0:
                 brute.setdefault((value.currency, value.customer_id), t)
-        assert history.first_positive(sub_id) == brute
+        assert history.first_positive_of(sub_id) == brute
 
 
 def test_first_positive_instant_of_a_fallback_amount():
     history = SubscriptionHistory(
         [obs("s", "2026-01-05")],
         [SubscriptionPayment("s", "USD", D("20"), ms("2026-01-09"))])
-    assert history.first_positive("s") == {("USD", "cust_s"): ms("2026-01-09") + 1}
+    assert history.first_positive_of("s") == {("USD", "cust_s"): ms("2026-01-09") + 1}
     assert history.value_at("s", end_of_day_ms(date(2026, 1, 9))).monthly == Fraction(20)
