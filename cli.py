@@ -19,7 +19,7 @@ from config import Config, ConfigError
 from quota.plans import PLAN_NAMES
 from quota.usage import account_usage, month_of
 from reports.money import json_ready
-from reports.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter, utc_today
+from reports.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter
 from reports.service import run_report
 from reports.text import mrr_lines, revenue_lines, traffic_lines
 from storage.check import run_checks
@@ -215,10 +215,10 @@ def _run_reports(args, ctx, *reports: tuple[str, dict]) -> list[dict]:
     site = ctx.directory.find_site(args.site)
     if site is None:
         raise NotFound(f"no site {args.site}")
-    today = utc_today(ctx.clock)
+    now = ctx.clock()
     try:
-        return [run_report(name, ctx.db.conn(), site.id,
-                           {k: v for k, v in params.items() if v is not None}, today)
+        return [run_report(name, ctx.db, site.id,
+                           {k: v for k, v in params.items() if v is not None}, now)
                 for name, params in reports]
     except InvalidReportParameter as exc:
         raise CliError(str(exc)) from None

@@ -348,4 +348,39 @@ INSERT INTO first_touch_refresh (site_id, customer_id) SELECT site_id, customer_
 CREATE INDEX IF NOT EXISTS payments_subscription
     ON payments (site_id, subscription_id, paid_at_ms) WHERE subscription_id IS NOT NULL;
 
-PRAGMA user_version = 5;
+-- Traffic of a UTC day (days since 1970-01-01), stored once the day can no longer change
+-- (reports/days.py): the day's totals; and per breakdown dimension, a row saying its
+-- values are stored, then one row per value.
+CREATE TABLE IF NOT EXISTS traffic_days (
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    day         INTEGER NOT NULL,
+    visitors    INTEGER NOT NULL CHECK (visitors >= 0),
+    pageviews   INTEGER NOT NULL CHECK (pageviews >= 0),
+    sessions    INTEGER NOT NULL CHECK (sessions >= 0),
+    events      INTEGER NOT NULL CHECK (events >= 0),
+    bounces     INTEGER NOT NULL CHECK (bounces BETWEEN 0 AND sessions),
+    duration_ms INTEGER NOT NULL CHECK (duration_ms >= 0),
+    PRIMARY KEY (site_id, day)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS traffic_day_dimensions (
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    day         INTEGER NOT NULL,
+    dimension   TEXT    NOT NULL CHECK (dimension IN ('channel', 'source', 'entry_page', 'page',
+                                        'country', 'device', 'browser', 'os', 'event')),
+    PRIMARY KEY (site_id, dimension, day)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS traffic_day_values (
+    site_id     INTEGER NOT NULL,
+    day         INTEGER NOT NULL,
+    dimension   TEXT    NOT NULL,
+    value       TEXT,
+    visitors    INTEGER NOT NULL CHECK (visitors >= 0),
+    pageviews   INTEGER NOT NULL CHECK (pageviews >= 0),
+    events      INTEGER NOT NULL CHECK (events >= 0),
+    FOREIGN KEY (site_id, dimension, day) REFERENCES traffic_day_dimensions (site_id, dimension, day)
+);
+CREATE INDEX IF NOT EXISTS traffic_day_values_read ON traffic_day_values (site_id, dimension, day);
+
+PRAGMA user_version = 7;

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from api.auth import Authenticator
 from api.errors import invalid_input
 from reports.money import dumps
-from reports.params import InvalidReportParameter, utc_today
+from reports.params import InvalidReportParameter
 from reports.service import run_report
 from storage.db import Database
 
@@ -36,8 +36,7 @@ class StatsResource:
     def on_get(self, req, resp):
         key = self.auth.authenticate(req.get_header("Authorization"), scope="read")
         try:
-            data = run_report(self.report, self.db.conn(), key.site_id, req.params,
-                              utc_today(self.clock))
+            data = run_report(self.report, self.db, key.site_id, req.params, self.clock())
         except InvalidReportParameter as exc:
             raise invalid_input(str(exc)) from None
         resp.status = 200

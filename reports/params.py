@@ -58,8 +58,9 @@ def end_of_day_ms(day: date) -> int:
     return day_start_ms(day) + DAY_MS
 
 
-def utc_today(clock: Callable[[], float]) -> date:
-    return datetime.fromtimestamp(clock(), UTC).date()
+def utc_today(now: float | Callable[[], float]) -> date:
+    """The UTC date of a unix time, or of what a clock says now."""
+    return datetime.fromtimestamp(now() if callable(now) else now, UTC).date()
 
 
 def check_known(params: Mapping[str, object], allowed: Collection[str]) -> None:

@@ -1,11 +1,8 @@
 """The SQL behind the reports: read a site's rows, hand them to the pure functions.
 
-Every statement is parameterized; the breakdown splices one column name taken from the
-fixed BREAKDOWN_COLUMNS mapping, never from the request. Traffic is counted by SQLite
-over the `events_site_ts` range (site_id, ts) and the `sessions_site_start` range
-(site_id, started_at), so a report reads only its site's rows of its dates. Money is
-read as the stored decimal text and added up with Decimal in Python: SQLite would sum
-it as binary floats.
+Every statement is parameterized. Money is read as the stored decimal text and added up
+with Decimal in Python: SQLite would sum it as binary floats. Traffic is counted per day
+by reports.days.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ from decimal import Decimal
 
 import orjson
 
+from reports.days import TrafficDays
 from reports.mrr import (
     Observation,
     SubscriptionHistory,
@@ -27,10 +25,8 @@ from reports.mrr import (
 )
 from reports.params import DateRange, end_of_day_ms
 from reports.revenue import UNATTRIBUTED, PaymentRow, revenue_by_currency
-from reports.traffic import BreakdownCount, SessionTotals, breakdown_rows, traffic_aggregate
-
-IDENTIFY = "$identify"
-PAGEVIEW = "pageview"
+from reports.traffic import breakdown_rows, traffic_aggregate
+from storage.db import Database
 
 # A customer's first-touch channel is the session customer_first_touch names (kept current
 # by the attribution triggers in schema.sql); no row or no session means Unattributed.
@@ -109,56 +105,6 @@ _HISTORY_CHARGES = (
     " WHERE p.kind = 'charge' AND p.status = 'succeeded'"
     " ORDER BY p.paid_at_ms, p.id"
 )
-
-_EVENT_TOTALS = (
-    "SELECT coalesce(sum(name = 'pageview'), 0), coalesce(sum(name <> 'pageview'), 0)"
-    " FROM events WHERE site_id = ? AND ts >= ? AND ts < ? AND name <> '$identify'"
-)
-
-# Visitors are counted over sessions (a quarter of the rows of events, so half the time of
-# a distinct count over events), and a visit that crosses midnight counts its visitor once
-# although the daily salt gave it a second id.
-_SESSION_TOTALS = (
-    "SELECT count(DISTINCT visitor_id), count(*),"
-    " coalesce(sum(pageviews = 1 AND custom_events = 0), 0),"
-    " coalesce(sum(last_seen_at - started_at), 0)"
-    " FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
-)
-
-# Dimensions read from each event, and those fixed by a session's first event.
-EVENT_DIMENSIONS = {"page": "pathname", "country": "country", "device": "device",
-                    "browser": "browser", "os": "os", "event": "name"}
-SESSION_DIMENSIONS = {"channel": "channel", "source": "source", "entry_page": "entry_path"}
-
-
-def _event_breakdown_sql(column: str) -> str:
-    # sql-safe: column comes from the fixed mapping EVENT_DIMENSIONS, values stay parameters
-    return (
-        f"SELECT {column}, count(DISTINCT visitor_id) AS visitors,"  # noqa: S608 - fixed column
-        " sum(name = 'pageview'), sum(name <> 'pageview')"
-        " FROM events WHERE site_id = ? AND ts >= ? AND ts < ? AND name <> '$identify'"
-        + (" AND name <> 'pageview'" if column == "name" else "")
-        + f" GROUP BY {column}"  # sql-safe: fixed column from EVENT_DIMENSIONS
-        f" ORDER BY visitors DESC, {column} IS NULL, {column} LIMIT ?"  # sql-safe: fixed column
-    )
-
-
-def _session_breakdown_sql(column: str) -> str:
-    # sql-safe: column comes from the fixed mapping SESSION_DIMENSIONS, values stay parameters
-    return (
-        f"SELECT {column}, count(DISTINCT visitor_id) AS visitors,"  # noqa: S608 - fixed column
-        " sum(pageviews), sum(custom_events)"
-        " FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
-        f" GROUP BY {column}"  # sql-safe: fixed column from SESSION_DIMENSIONS
-        f" ORDER BY visitors DESC, {column} IS NULL, {column} LIMIT ?"  # sql-safe: fixed column
-    )
-
-
-BREAKDOWN_SQL = {
-    **{by: _event_breakdown_sql(column) for by, column in EVENT_DIMENSIONS.items()},
-    **{by: _session_breakdown_sql(column) for by, column in SESSION_DIMENSIONS.items()},
-}
-
 
 def _decimal(text: str | None) -> Decimal | None:
     return None if text is None else Decimal(text)
@@ -250,20 +196,14 @@ def movements(conn: sqlite3.Connection, site_id: int, period: DateRange) -> dict
             "currencies": mrr_movements(SqlSubscriptions(conn, site_id), period)}
 
 
-def aggregate(conn: sqlite3.Connection, site_id: int, period: DateRange) -> dict:
-    bounds = (site_id, period.start_ms, period.end_ms)
-    pageviews, events = conn.execute(_EVENT_TOTALS, bounds).fetchone()
-    visitors, sessions, bounces, duration_ms = conn.execute(_SESSION_TOTALS, bounds).fetchone()
-    totals = SessionTotals(visitors, pageviews, sessions, events, bounces, duration_ms)
+def aggregate(db: Database, site_id: int, period: DateRange, now_ms: int) -> dict:
+    totals = TrafficDays(db, site_id, now_ms).totals(period)
     return {"from": period.start.isoformat(), "to": period.end.isoformat(),
             **traffic_aggregate(totals)}
 
 
-def breakdown(conn: sqlite3.Connection, site_id: int, period: DateRange, by: str,
-              limit: int) -> dict:
-    rows = conn.execute(BREAKDOWN_SQL[by], (site_id, period.start_ms, period.end_ms, limit))
-    counts = [BreakdownCount(value, visitors, pageviews or 0, events or 0)
-              for value, visitors, pageviews, events in rows]
+def breakdown(db: Database, site_id: int, period: DateRange, by: str, limit: int,
+              now_ms: int) -> dict:
+    counts = TrafficDays(db, site_id, now_ms).values(period, by)
     return {"from": period.start.isoformat(), "to": period.end.isoformat(), "by": by,
             "rows": breakdown_rows(counts, limit)}
-

@@ -6,9 +6,7 @@ parameters, refuse the same values with the same messages and return the same da
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Mapping
-from datetime import date
 
 from reports import queries
 from reports.params import (
@@ -17,39 +15,43 @@ from reports.params import (
     parse_date_range,
     parse_dimension,
     parse_limit,
+    utc_today,
 )
+from storage.db import Database
 
 Params = Mapping[str, object]
 RANGE = ("from", "to")
 
 
-def _revenue(conn: sqlite3.Connection, site_id: int, params: Params, today: date) -> dict:
+def _revenue(db: Database, site_id: int, params: Params, now: float) -> dict:
     check_known(params, RANGE)
-    return queries.revenue(conn, site_id, parse_date_range(params, today))
+    return queries.revenue(db.conn(), site_id, parse_date_range(params, utc_today(now)))
 
 
-def _mrr(conn: sqlite3.Connection, site_id: int, params: Params, today: date) -> dict:
+def _mrr(db: Database, site_id: int, params: Params, now: float) -> dict:
     check_known(params, ("at",))
-    return queries.mrr(conn, site_id, parse_at(params, today))
+    return queries.mrr(db.conn(), site_id, parse_at(params, utc_today(now)))
 
 
-def _movements(conn: sqlite3.Connection, site_id: int, params: Params, today: date) -> dict:
+def _movements(db: Database, site_id: int, params: Params, now: float) -> dict:
     check_known(params, RANGE)
-    return queries.movements(conn, site_id, parse_date_range(params, today))
+    return queries.movements(db.conn(), site_id, parse_date_range(params, utc_today(now)))
 
 
-def _aggregate(conn: sqlite3.Connection, site_id: int, params: Params, today: date) -> dict:
+def _aggregate(db: Database, site_id: int, params: Params, now: float) -> dict:
     check_known(params, RANGE)
-    return queries.aggregate(conn, site_id, parse_date_range(params, today))
+    period = parse_date_range(params, utc_today(now))
+    return queries.aggregate(db, site_id, period, int(now * 1000))
 
 
-def _breakdown(conn: sqlite3.Connection, site_id: int, params: Params, today: date) -> dict:
+def _breakdown(db: Database, site_id: int, params: Params, now: float) -> dict:
     check_known(params, ("by", "limit", *RANGE))
     by, limit = parse_dimension(params), parse_limit(params)
-    return queries.breakdown(conn, site_id, parse_date_range(params, today), by, limit)
+    period = parse_date_range(params, utc_today(now))
+    return queries.breakdown(db, site_id, period, by, limit, int(now * 1000))
 
 
-Report = Callable[[sqlite3.Connection, int, Params, date], dict]
+Report = Callable[[Database, int, Params, float], dict]
 REPORTS: dict[str, Report] = {
     "revenue": _revenue,
     "mrr": _mrr,
@@ -59,7 +61,7 @@ REPORTS: dict[str, Report] = {
 }
 
 
-def run_report(name: str, conn: sqlite3.Connection, site_id: int, params: Params,
-               today: date) -> dict:
-    """The report's data; InvalidReportParameter when a parameter is unknown or bad."""
-    return REPORTS[name](conn, site_id, params, today)
+def run_report(name: str, db: Database, site_id: int, params: Params, now: float) -> dict:
+    """The report's data at unix time `now`; InvalidReportParameter when a parameter is
+    unknown or bad."""
+    return REPORTS[name](db, site_id, params, now)

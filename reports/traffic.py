@@ -7,15 +7,14 @@ public shape, so the rules for ratios, rounding and ordering live in one place.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from fractions import Fraction
+from typing import NamedTuple
 
 from reports.money import round_half_up
 
 
-@dataclass(frozen=True)
-class SessionTotals:
-    """Counts over the sessions that started in the range."""
+class SessionTotals(NamedTuple):
+    """Counts over the events dated in the range and the sessions that started in it."""
 
     visitors: int = 0  # distinct visitor ids of those sessions
     pageviews: int = 0
@@ -25,8 +24,7 @@ class SessionTotals:
     duration_ms: int = 0  # sum over sessions of last event - first event
 
 
-@dataclass(frozen=True)
-class BreakdownCount:
+class BreakdownCount(NamedTuple):
     value: str | None
     visitors: int
     pageviews: int

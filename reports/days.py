@@ -1,0 +1,209 @@
+"""Traffic counted per UTC day, and kept once a day can no longer change.
+
+Visitor ids come from a salt that changes every UTC day, so a visitor id lives one day:
+the visitors of a range are the sum of each day's distinct visitor ids, and every
+traffic figure is a sum over days. A day's figures stop changing once no event can still
+be stored for it and none of its sessions can still grow: events are stored with a `ts`
+at most an hour before their receipt (validation/event.py), flushed within seconds, and a
+session continues only while its visitor comes back within 30 minutes. So a day counts as
+final one day after it ends (FINAL_DELAY_MS) if none of its sessions was seen in the last
+two hours (OPEN_SESSION_MS); its figures are then computed once, stored in
+traffic_days / traffic_day_values, and read from there ever after. Days not yet final are
+counted live. Either way the SQL is the same per-day statement, so stored and live days
+give the same figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterable
+
+from reports.params import DAY_MS, DateRange, day_start_ms
+from reports.traffic import BreakdownCount, SessionTotals
+from storage.db import Database, StorageError
+
+log = logging.getLogger("tally")
+
+FINAL_DELAY_MS = DAY_MS
+OPEN_SESSION_MS = 2 * 3_600_000
+STORE_WAIT_MS = 200
+
+# Dimensions read from each event, and those fixed by a session's first event.
+EVENT_DIMENSIONS = {"page": "pathname", "country": "country", "device": "device",
+                    "browser": "browser", "os": "os", "event": "name"}
+SESSION_DIMENSIONS = {"channel": "channel", "source": "source", "entry_page": "entry_path"}
+DIMENSIONS = (*SESSION_DIMENSIONS, *EVENT_DIMENSIONS)
+
+_EVENT_TOTALS = (
+    "SELECT coalesce(sum(name = 'pageview'), 0), coalesce(sum(name <> 'pageview'), 0)"
+    " FROM events WHERE site_id = ? AND ts >= ? AND ts < ? AND name <> '$identify'"
+)
+# Visitors are counted over sessions (a quarter of the rows of events, so half the time of
+# a distinct count over events); a visit that crosses midnight counts on the day it began.
+_SESSION_TOTALS = (
+    "SELECT count(DISTINCT visitor_id), count(*),"
+    " coalesce(sum(pageviews = 1 AND custom_events = 0), 0),"
+    " coalesce(sum(last_seen_at - started_at), 0)"
+    " FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
+)
+_OPEN_SESSION = (
+    "SELECT 1 FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
+    " AND last_seen_at >= ? LIMIT 1"
+)
+
+
+def _event_values_sql(column: str) -> str:
+    # sql-safe: column comes from the fixed mapping EVENT_DIMENSIONS, values stay parameters
+    return (
+        f"SELECT {column}, count(DISTINCT visitor_id),"  # noqa: S608 - fixed column
+        " sum(name = 'pageview'), sum(name <> 'pageview')"
+        " FROM events WHERE site_id = ? AND ts >= ? AND ts < ? AND name <> '$identify'"
+        + (" AND name <> 'pageview'" if column == "name" else "")
+        + f" GROUP BY {column}"  # sql-safe: fixed column from EVENT_DIMENSIONS
+    )
+
+
+def _session_values_sql(column: str) -> str:
+    # sql-safe: column comes from the fixed mapping SESSION_DIMENSIONS, values stay parameters
+    return (
+        f"SELECT {column}, count(DISTINCT visitor_id),"  # noqa: S608 - fixed column
+        " sum(pageviews), sum(custom_events)"
+        " FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
+        f" GROUP BY {column}"  # sql-safe: fixed column from SESSION_DIMENSIONS
+    )
+
+
+VALUES_SQL = {
+    **{by: _session_values_sql(column) for by, column in SESSION_DIMENSIONS.items()},
+    **{by: _event_values_sql(column) for by, column in EVENT_DIMENSIONS.items()},
+}
+
+# What is stored for a day: its totals (a traffic_days row), and per dimension a
+# traffic_day_dimensions row with the day's traffic_day_values rows (possibly none).
+_STORED_TOTALS = (
+    "SELECT day, visitors, pageviews, sessions, events, bounces, duration_ms FROM traffic_days"
+    " WHERE site_id = ? AND day >= ? AND day <= ?"
+)
+_STORED_DIMENSION_DAYS = (
+    "SELECT day FROM traffic_day_dimensions"
+    " WHERE site_id = ? AND dimension = ? AND day >= ? AND day <= ?"
+)
+_STORED_VALUES = (
+    "SELECT value, sum(visitors), sum(pageviews), sum(events) FROM traffic_day_values"
+    " WHERE site_id = ? AND dimension = ? AND day >= ? AND day <= ? GROUP BY value"
+)
+_STORE_TOTALS = (
+    "INSERT INTO traffic_days (site_id, day, visitors, pageviews, sessions, events, bounces,"
+    " duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_STORE_DIMENSION = (
+    "INSERT INTO traffic_day_dimensions (site_id, day, dimension) VALUES (?, ?, ?)"
+    " ON CONFLICT DO NOTHING"
+)
+_STORE_VALUE = (
+    "INSERT INTO traffic_day_values (site_id, day, dimension, value, visitors, pageviews, events)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def day_number(ms: int) -> int:
+    return ms // DAY_MS
+
+
+def live_totals(conn: sqlite3.Connection, site_id: int, day: int) -> SessionTotals:
+    bounds = (site_id, day * DAY_MS, (day + 1) * DAY_MS)
+    pageviews, events = conn.execute(_EVENT_TOTALS, bounds).fetchone()
+    visitors, sessions, bounces, duration_ms = conn.execute(_SESSION_TOTALS, bounds).fetchone()
+    return SessionTotals(visitors, pageviews, sessions, events, bounces, duration_ms)
+
+
+def live_values(conn: sqlite3.Connection, site_id: int, day: int, by: str) -> list[BreakdownCount]:
+    rows = conn.execute(VALUES_SQL[by], (site_id, day * DAY_MS, (day + 1) * DAY_MS))
+    return [BreakdownCount(value, visitors, pageviews or 0, events or 0)
+            for value, visitors, pageviews, events in rows]
+
+
+def _day_bounds(period: DateRange) -> tuple[int, int]:
+    return day_number(day_start_ms(period.start)), day_number(day_start_ms(period.end))
+
+
+def _merge(counts: Iterable[BreakdownCount]) -> list[BreakdownCount]:
+    merged: dict[str | None, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for count in counts:
+        sums = merged[count.value]
+        sums[0] += count.visitors
+        sums[1] += count.pageviews
+        sums[2] += count.events
+    return [BreakdownCount(value, *sums) for value, sums in merged.items()]
+
+
+class TrafficDays:
+    """A site's traffic over whole days: what is stored is read back, the rest is counted
+    live, and the final days among those are stored for next time."""
+
+    def __init__(self, db: Database, site_id: int, now_ms: int):
+        self.db = db
+        self.conn = db.conn()
+        self.site_id = site_id
+        self.now_ms = now_ms
+
+    def totals(self, period: DateRange) -> SessionTotals:
+        first, last = _day_bounds(period)
+        stored = {row[0]: SessionTotals(*row[1:]) for row in self.conn.execute(
+            _STORED_TOTALS, (self.site_id, first, last))}
+        counted = {day: live_totals(self.conn, self.site_id, day)
+                   for day in range(first, last + 1) if day not in stored}
+        self._store_final(counted, lambda conn, day, totals: conn.execute(
+            _STORE_TOTALS, (self.site_id, day, *totals)))
+        sums = [sum(column) for column in zip(*stored.values(), *counted.values(), strict=True)]
+        return SessionTotals(*sums) if sums else SessionTotals()
+
+    def values(self, period: DateRange, by: str) -> list[BreakdownCount]:
+        first, last = _day_bounds(period)
+        bounds = (self.site_id, by, first, last)
+        # One read transaction: the stored days and their values from the same snapshot.
+        self.conn.execute("BEGIN")
+        try:
+            stored_days = {row[0] for row in self.conn.execute(_STORED_DIMENSION_DAYS, bounds)}
+            stored = [BreakdownCount(*row) for row in self.conn.execute(_STORED_VALUES, bounds)]
+        finally:
+            self.conn.execute("COMMIT")
+        counted = {day: live_values(self.conn, self.site_id, day, by)
+                   for day in range(first, last + 1) if day not in stored_days}
+
+        def store(conn: sqlite3.Connection, day: int, counts: list[BreakdownCount]) -> None:
+            if conn.execute(_STORE_DIMENSION, (self.site_id, day, by)).rowcount:
+                conn.executemany(_STORE_VALUE, [
+                    (self.site_id, day, by, c.value, c.visitors, c.pageviews, c.events)
+                    for c in counts])
+
+        self._store_final(counted, store)
+        return _merge([*stored, *(c for counts in counted.values() for c in counts)])
+
+    def _is_final(self, day: int) -> bool:
+        end = (day + 1) * DAY_MS
+        if self.now_ms < end + FINAL_DELAY_MS:
+            return False
+        still_open = self.conn.execute(
+            _OPEN_SESSION, (self.site_id, day * DAY_MS, end, self.now_ms - OPEN_SESSION_MS))
+        return still_open.fetchone() is None
+
+    def _store_final(self, counted: dict, store) -> None:
+        """Store the counted days that are final (another worker may have stored some
+        already: those are left as they are). A busy database only defers it."""
+        final = [day for day in counted if self._is_final(day)]
+        if not final:
+            return
+        # A report never waits long for the write lock: storing can wait for the next one.
+        self.conn.execute(f"PRAGMA busy_timeout = {STORE_WAIT_MS}")  # sql-safe: an int constant
+        try:
+            with self.db.transaction(self.conn) as conn:
+                for day in final:
+                    store(conn, day, counted[day])
+        except StorageError as exc:
+            log.info("traffic of %d final days not stored this time (%s)", len(final), exc)
+        finally:
+            restore = int(self.db.busy_timeout_ms)
+            self.conn.execute(f"PRAGMA busy_timeout = {restore}")  # sql-safe: an int

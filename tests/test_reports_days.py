@@ -1,0 +1,146 @@
+"""Traffic per day: final days are stored once and read back, other days are counted live.
+
+Events go in through the real endpoint on four consecutive days (the fake clock moves a
+day at a time, so each day has its own visitor salt); the reports are then asked at
+chosen instants.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from decimal import Decimal
+
+import pytest
+
+from reports.days import DIMENSIONS
+from tests.conftest import bearer
+
+DAY = 86_400
+FIRST_DAY = 1_789_948_800  # 2026-09-21T00:00:00Z
+FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
+RANGE = "from=2026-09-21&to=2026-09-24"
+
+
+@pytest.fixture
+def traffic(client, tally, site, clock, db_path):
+    """Four days of visits: on day d (0-3), d + 1 visitors, each with a pageview of / from
+    Google, a pageview of /day-d and a signup one minute later."""
+    headers = bearer(site["key"])
+    site_id = site["site"]["id"]
+    tally.start()
+    for day in range(4):
+        clock.set(FIRST_DAY + day * DAY + 12 * 3600)
+        now_ms = int(clock() * 1000)
+        batch = []
+        for visitor in range(day + 1):
+            who = {"ip": f"81.2.69.{140 + visitor}", "ua": FIREFOX}
+            batch += [
+                {"e": "pageview", "u": "https://example.com/", "r": "https://www.google.com/",
+                 "ts": now_ms - 120_000, **who},
+                {"e": "pageview", "u": f"https://example.com/day-{day}", "ts": now_ms - 60_000,
+                 **who},
+                {"e": "signup", "u": f"https://example.com/day-{day}", "ts": now_ms, **who},
+            ]
+        client.post_json("/api/v1/events", {"s": site_id, "b": batch}, headers=headers,
+                         status=204)
+        assert tally.flusher.flush_now(timeout=30)
+
+    class Traffic:
+        db = sqlite3.connect(db_path)
+
+        def get(self, path, at):
+            clock.set(at)
+            resp = client.get(path, headers=headers)
+            return json.loads(resp.body, parse_float=Decimal)["data"]
+
+        def stored_days(self):
+            return [r[0] for r in self.db.execute("SELECT day FROM traffic_days ORDER BY day")]
+
+    return Traffic()
+
+
+def rows(data):
+    return [(r["value"], r["visitors"], r["pageviews"], r["events"]) for r in data["rows"]]
+
+
+EXPECTED_AGGREGATE = {
+    # 1 + 2 + 3 + 4 visitors, two pageviews and a signup each, one two-minute visit each.
+    "from": "2026-09-21", "to": "2026-09-24", "visitors": 10, "pageviews": 20, "sessions": 10,
+    "events": 10, "bounce_rate": Decimal("0.0"), "avg_session_seconds": Decimal("120.0"),
+}
+EXPECTED_PAGES = [("/", 10, 10, 0), ("/day-3", 4, 4, 4), ("/day-2", 3, 3, 3),
+                  ("/day-1", 2, 2, 2), ("/day-0", 1, 1, 1)]
+
+
+def test_final_days_are_stored_and_give_the_live_figures(traffic):
+    # On day 3 at noon only day 0 and 1 can be final (a day is final one day after it ends).
+    on_day_3 = FIRST_DAY + 3 * DAY + 13 * 3600
+    assert traffic.get(f"/api/v1/stats/aggregate?{RANGE}", on_day_3) == EXPECTED_AGGREGATE
+    first = FIRST_DAY // DAY
+    assert traffic.stored_days() == [first, first + 1]
+    assert rows(traffic.get(f"/api/v1/stats/breakdown?by=page&{RANGE}", on_day_3)) == EXPECTED_PAGES
+    # Days later, every day is final; stored and live days together give the same figures.
+    later = FIRST_DAY + 9 * DAY
+    assert traffic.get(f"/api/v1/stats/aggregate?{RANGE}", later) == EXPECTED_AGGREGATE
+    assert traffic.stored_days() == [first, first + 1, first + 2, first + 3]
+    assert rows(traffic.get(f"/api/v1/stats/breakdown?by=page&{RANGE}", later)) == EXPECTED_PAGES
+    channels = traffic.get(f"/api/v1/stats/breakdown?by=channel&{RANGE}", later)
+    assert rows(channels) == [("Organic Search", 10, 20, 10)]
+    stored_dimensions = traffic.db.execute(
+        "SELECT DISTINCT dimension FROM traffic_day_dimensions ORDER BY 1").fetchall()
+    assert stored_dimensions == [("channel",), ("page",)]
+
+
+def test_stored_days_are_read_not_recounted(traffic):
+    later = FIRST_DAY + 9 * DAY
+    traffic.get(f"/api/v1/stats/aggregate?{RANGE}", later)
+    traffic.get(f"/api/v1/stats/breakdown?by=page&{RANGE}", later)
+    # Were the events counted again, removing them would change the figures.
+    traffic.db.execute("PRAGMA foreign_keys = OFF")
+    traffic.db.execute("DELETE FROM events")
+    traffic.db.execute("DELETE FROM sessions")
+    traffic.db.commit()
+    assert traffic.get(f"/api/v1/stats/aggregate?{RANGE}", later) == EXPECTED_AGGREGATE
+    assert rows(traffic.get(f"/api/v1/stats/breakdown?by=page&{RANGE}", later)) == EXPECTED_PAGES
+    # A dimension never asked for was not stored: it is counted from what is left.
+    assert rows(traffic.get(f"/api/v1/stats/breakdown?by=country&{RANGE}", later)) == []
+
+
+def test_a_day_with_an_open_session_is_not_stored(traffic):
+    # Day 0 is old enough, but one of its sessions was seen an hour before "now".
+    on_day_2 = FIRST_DAY + 2 * DAY + 6 * 3600
+    traffic.db.execute("UPDATE sessions SET last_seen_at = ? WHERE started_at < ?",
+                       ((on_day_2 - 3600) * 1000, (FIRST_DAY + DAY) * 1000))
+    traffic.db.commit()
+    traffic.get(f"/api/v1/stats/aggregate?{RANGE}", on_day_2)
+    assert traffic.stored_days() == []
+    traffic.get(f"/api/v1/stats/aggregate?{RANGE}", on_day_2 + 3 * 3600)
+    assert traffic.stored_days() == [FIRST_DAY // DAY]
+
+
+def test_a_busy_database_defers_storing_but_answers(traffic, db_path):
+    holder = sqlite3.connect(db_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        later = FIRST_DAY + 9 * DAY
+        assert traffic.get(f"/api/v1/stats/aggregate?{RANGE}", later) == EXPECTED_AGGREGATE
+        pages = traffic.get(f"/api/v1/stats/breakdown?by=page&{RANGE}", later)
+        assert rows(pages) == EXPECTED_PAGES
+    finally:
+        holder.execute("ROLLBACK")
+    assert traffic.stored_days() == []
+    traffic.get(f"/api/v1/stats/aggregate?{RANGE}", later)
+    assert len(traffic.stored_days()) == 4
+
+
+def test_every_breakdown_is_stored_and_read_back_alike(traffic):
+    later = FIRST_DAY + 9 * DAY
+    first = {by: traffic.get(f"/api/v1/stats/breakdown?by={by}&{RANGE}", later) for by in DIMENSIONS}
+    stored = traffic.db.execute(
+        "SELECT dimension, count(*) FROM traffic_day_dimensions GROUP BY 1").fetchall()
+    assert sorted(stored) == sorted((by, 4) for by in DIMENSIONS)
+    again = {by: traffic.get(f"/api/v1/stats/breakdown?by={by}&{RANGE}", later) for by in DIMENSIONS}
+    assert again == first
+    assert rows(first["event"]) == [("signup", 10, 0, 10)]
+    assert rows(first["country"]) == [("GB", 10, 20, 10)]
