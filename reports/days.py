@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from reports.params import DAY_MS, DateRange, day_start_ms
 from reports.traffic import BreakdownCount, SessionTotals
@@ -29,6 +29,7 @@ log = logging.getLogger("tally")
 FINAL_DELAY_MS = DAY_MS
 OPEN_SESSION_MS = 2 * 3_600_000
 STORE_WAIT_MS = 200
+STORE_BATCH_DAYS = 7
 
 # Dimensions read from each event, and those fixed by a session's first event.
 EVENT_DIMENSIONS = {"page": "pathname", "country": "country", "device": "device",
@@ -148,15 +149,16 @@ class TrafficDays:
         self.conn = db.conn()
         self.site_id = site_id
         self.now_ms = now_ms
+        self._busy = False  # set when storing failed: this report stores nothing more
 
     def totals(self, period: DateRange) -> SessionTotals:
         first, last = _day_bounds(period)
         stored = {row[0]: SessionTotals(*row[1:]) for row in self.conn.execute(
             _STORED_TOTALS, (self.site_id, first, last))}
-        counted = {day: live_totals(self.conn, self.site_id, day)
-                   for day in range(first, last + 1) if day not in stored}
-        self._store_final(counted, lambda conn, day, totals: conn.execute(
-            _STORE_TOTALS, (self.site_id, day, *totals)))
+        counted = self._count(
+            [day for day in range(first, last + 1) if day not in stored],
+            lambda day: live_totals(self.conn, self.site_id, day),
+            lambda conn, day, totals: conn.execute(_STORE_TOTALS, (self.site_id, day, *totals)))
         sums = [sum(column) for column in zip(*stored.values(), *counted.values(), strict=True)]
         return SessionTotals(*sums) if sums else SessionTotals()
 
@@ -170,8 +172,6 @@ class TrafficDays:
             stored = [BreakdownCount(*row) for row in self.conn.execute(_STORED_VALUES, bounds)]
         finally:
             self.conn.execute("COMMIT")
-        counted = {day: live_values(self.conn, self.site_id, day, by)
-                   for day in range(first, last + 1) if day not in stored_days}
 
         def store(conn: sqlite3.Connection, day: int, counts: list[BreakdownCount]) -> None:
             if conn.execute(_STORE_DIMENSION, (self.site_id, day, by)).rowcount:
@@ -179,7 +179,9 @@ class TrafficDays:
                     (self.site_id, day, by, c.value, c.visitors, c.pageviews, c.events)
                     for c in counts])
 
-        self._store_final(counted, store)
+        counted = self._count(
+            [day for day in range(first, last + 1) if day not in stored_days],
+            lambda day: live_values(self.conn, self.site_id, day, by), store)
         return _merge([*stored, *(c for counts in counted.values() for c in counts)])
 
     def _is_final(self, day: int) -> bool:
@@ -190,11 +192,26 @@ class TrafficDays:
             _OPEN_SESSION, (self.site_id, day * DAY_MS, end, self.now_ms - OPEN_SESSION_MS))
         return still_open.fetchone() is None
 
-    def _store_final(self, counted: dict, store) -> None:
-        """Store the counted days that are final (another worker may have stored some
-        already: those are left as they are). A busy database only defers it."""
-        final = [day for day in counted if self._is_final(day)]
-        if not final:
+    def _count(self, days: list[int], count: Callable[[int], object],
+               store: Callable[[sqlite3.Connection, int, object], None]) -> dict[int, object]:
+        """Count the days live; store the final ones a few days at a time, so a long first
+        count that is cut short (a worker timeout) still leaves its progress."""
+        counted, final = {}, []
+        for day in days:
+            counted[day] = count(day)
+            if self._is_final(day):
+                final.append(day)
+            if len(final) == STORE_BATCH_DAYS:
+                self._store(final, counted, store)
+                final = []
+        self._store(final, counted, store)
+        return counted
+
+    def _store(self, final: list[int], counted: dict[int, object],
+               store: Callable[[sqlite3.Connection, int, object], None]) -> None:
+        """Store counted final days (another worker may have stored some already: those are
+        left as they are). A busy database only defers it."""
+        if not final or self._busy:
             return
         # A report never waits long for the write lock: storing can wait for the next one.
         self.conn.execute(f"PRAGMA busy_timeout = {STORE_WAIT_MS}")  # sql-safe: an int constant
@@ -203,6 +220,7 @@ class TrafficDays:
                 for day in final:
                     store(conn, day, counted[day])
         except StorageError as exc:
+            self._busy = True
             log.info("traffic of %d final days not stored this time (%s)", len(final), exc)
         finally:
             restore = int(self.db.busy_timeout_ms)
