@@ -156,6 +156,8 @@ def test_a_full_disk_refuses_loses_nothing_and_recovers(tmp_path):
             for payment_id in refused_payments:
                 assert_refusal(*answers[payment_id], (500, 503))
             assert refused_payments, "the disk never filled"
+            acknowledged = set(answers) - refused_payments
+            assert acknowledged | {"pay_before"} == stored_payments(db)  # 200 only when stored
             acked, refused = fill_queues(server, world, 1, 200)
             assert refused, "the queues never filled"
             assert "database or disk is full" in server.log()
