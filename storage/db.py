@@ -7,6 +7,7 @@ per process, the first time any connection is made.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sqlite3
@@ -15,8 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema.sql"
-SCHEMA_SQL = SCHEMA_PATH.read_text(encoding="utf-8")
-SCHEMA_VERSION = int(re.search(r"PRAGMA user_version = (\d+);", SCHEMA_SQL).group(1))
+
+
+@functools.cache
+def schema() -> tuple[int, str]:
+    """(user_version, script) of schema.sql, read on first use so importing opens no file."""
+    script = SCHEMA_PATH.read_text(encoding="utf-8")
+    return int(re.search(r"PRAGMA user_version = (\d+);", script).group(1)), script
 
 # How long a request-path write waits for the write lock before it is answered 503.
 BUSY_TIMEOUT_MS = 5_000
@@ -119,11 +125,12 @@ class Database:
         with self._schema_lock:
             if self._schema_pid == os.getpid():
                 return
-            if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            version, script = schema()
+            if conn.execute("PRAGMA user_version").fetchone()[0] < version:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
-                        for statement in _statements(SCHEMA_SQL):
+                    if conn.execute("PRAGMA user_version").fetchone()[0] < version:
+                        for statement in _statements(script):
                             conn.execute(statement)
                     conn.execute("COMMIT")
                 except BaseException:

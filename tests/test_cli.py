@@ -110,11 +110,11 @@ def test_human_output_is_aligned_columns(db_path):
 
 
 def test_schema_version_is_recorded(db_path):
-    from storage.db import SCHEMA_VERSION
+    from storage.db import schema
 
     run_cli("init", db=db_path)
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema()[0]
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 import sys
 
 import orjson
@@ -130,4 +131,9 @@ def test_importing_app_opens_neither_the_document_nor_the_database(tmp_path):
     assert any("app.cpython" in path or path.endswith("app.py") for path in opened), "the audit hook saw no import"
     assert str(OPENAPI_PATH) not in opened
     assert not any(path.startswith(str(db)) for path in opened)
+    project_files = [path for path in opened if path.startswith(str(REPO) + "/")
+                     and not path.startswith(str(REPO / ".venv"))
+                     and "/__pycache__/" not in path and not path.endswith((".py", ".pyc"))
+                     and not Path(path).is_dir()]
+    assert project_files == [], "importing app read data files (schema.sql, data lists...)"
     assert not db.exists()
