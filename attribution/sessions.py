@@ -10,16 +10,27 @@ session found under that id continues (and is recorded under the new id as well)
 `$identify` events open no session; they link their uid to the visitor. The
 customer_first_touch table follows every link and session change through triggers
 in schema.sql, inside the same transaction.
+
+The work is set-based per flush: one query per site loads every stored session the
+batch can touch (those of its visitor ids, under today's and yesterday's salt, seen
+within the session gap of its events' times), the assignment runs in memory against that
+picture, kept current as sessions open and grow, and the result is written with one
+executemany per kind of change.
+The decisions are those of looking each visitor up in the database in turn, earliest
+visitor first (tests/test_sessions_equivalence.py holds that reference and compares).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import NamedTuple
 
-from attribution import classify_visit
+import orjson
+
+from attribution import Touch, classify_visit
+from storage.sparse import SparseInsert
 
 SESSION_GAP_MS = 30 * 60 * 1000
 IDENTIFY = "$identify"
@@ -27,8 +38,7 @@ PAGEVIEW = "pageview"
 UTM_KEYS = ("utm_source", "utm_medium", "utm_campaign", "utm_term", "utm_content")
 
 
-@dataclass(frozen=True)
-class Hit:
+class Hit(NamedTuple):
     """One event, as much of it as sessions and identity links need."""
 
     site_id: int
@@ -46,8 +56,7 @@ class Hit:
     previous_visitor_id: int | None = None
 
 
-@dataclass(frozen=True)
-class Landing:
+class Landing(NamedTuple):
     """What a session's first event says about where the visit came from."""
 
     source: str | None
@@ -58,40 +67,61 @@ class Landing:
     utm: tuple[str | None, ...]  # in UTM_KEYS order
 
 
-def landing_of(hit: Hit, site_hosts: Collection[str]) -> Landing:
-    utm = dict(zip(UTM_KEYS, hit.utm, strict=True))
-    touch = classify_visit(hit.referrer_host, utm, hit.click_ids, site_hosts)
+def landing_of(hit: Hit, site_hosts: Collection[str], touches: dict | None = None) -> Landing:
+    """touches: an optional memo of classify_visit for one site's hosts (pure, and
+    a batch's first events share a few referrers and UTM sets)."""
+    key = (hit.referrer_host, hit.utm, hit.click_ids)
+    touch = touches.get(key) if touches is not None else None
+    if touch is None:
+        touch = _touch(hit, site_hosts)
+        if touches is not None:
+            touches[key] = touch
     return Landing(touch.source, touch.channel, hit.referrer or None, hit.url, hit.pathname,
                    hit.utm)
 
 
-@dataclass
+def _touch(hit: Hit, site_hosts: Collection[str]) -> Touch:
+    utm = dict(zip(UTM_KEYS, hit.utm, strict=True))
+    return classify_visit(hit.referrer_host, utm, hit.click_ids, site_hosts)
+
+
 class _Session:
-    id: int
-    started_at: int
-    last_seen_at: int
-    visitor_ids: set[str]
-    pageviews: int = 0
-    custom_events: int = 0
-    landing: Landing | None = None  # set when an event earlier than the start arrived
-    new_visitor_ids: set[str] = field(default_factory=set)
+    """A session as the batch sees it: stored (loaded) or opened by this batch."""
+
+    __slots__ = ("id", "site_id", "visitor_id", "started_at", "last_seen_at", "stored_start",
+                 "visitor_ids", "pageviews", "custom_events", "landing")
+
+    def __init__(self, id: int, site_id: int, visitor_id: int | None, started_at: int,
+                 last_seen_at: int, stored_start: int | None, landing: Landing | None = None):
+        self.id = id
+        self.site_id = site_id
+        self.visitor_id = visitor_id  # the first visitor id (new sessions only)
+        self.started_at = started_at
+        self.last_seen_at = last_seen_at
+        self.stored_start = stored_start  # started_at in the database; None: new
+        self.visitor_ids: set[int] = set()
+        self.pageviews = 0  # added by this batch
+        self.custom_events = 0
+        self.landing = landing  # new sessions, and stored ones an earlier event reached
 
     def covers(self, ts: int) -> bool:
         return self.started_at - SESSION_GAP_MS <= ts <= self.last_seen_at + SESSION_GAP_MS
 
 
-_INSERT_SESSION = (
-    "INSERT INTO sessions (site_id, visitor_id, started_at, last_seen_at, channel, source,"
-    " referrer, landing_page, entry_path, utm_source, utm_medium, utm_campaign, utm_term,"
-    " utm_content, pageviews, custom_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0)"
+# Each stored session of one site linked to one of the visitor ids (a JSON array) and
+# seen within [from, to], with every visitor id it is linked to: a row per link, and a
+# session linked to two of the ids comes twice.
+_LOAD_SESSIONS = (
+    "SELECT o.id, o.started_at, o.last_seen_at, l.visitor_id"
+    " FROM json_each(?1) AS w CROSS JOIN session_visitors f CROSS JOIN sessions o"
+    " CROSS JOIN session_visitors l"
+    " WHERE f.site_id = ?2 AND f.visitor_id = w.value AND o.id = f.session_id"
+    " AND o.last_seen_at >= ?3 AND o.started_at <= ?4 AND l.session_id = o.id"
 )
-_FIND_OPEN_SESSION = (
-    "SELECT s.id, s.started_at, s.last_seen_at FROM session_visitors sv"
-    " JOIN sessions s ON s.id = sv.session_id"
-    " WHERE sv.site_id = ? AND sv.visitor_id IN (?, ?)"
-    " AND s.last_seen_at >= ? AND s.started_at <= ?"
-    " ORDER BY s.last_seen_at DESC, s.id DESC LIMIT 1"
-)
+# Every column of a new session; sessions' only DEFAULTs (the counts) are never None here.
+_NEW_SESSIONS = SparseInsert("sessions", (
+    "id", "site_id", "visitor_id", "started_at", "last_seen_at", "channel", "source",
+    "referrer", "landing_page", "entry_path", *UTM_KEYS, "pageviews", "custom_events"))
 _UPDATE_COUNTS = (
     "UPDATE sessions SET last_seen_at = max(last_seen_at, ?), pageviews = pageviews + ?,"
     " custom_events = custom_events + ? WHERE id = ?"
@@ -101,6 +131,105 @@ _UPDATE_LANDING = (
     " entry_path = ?, utm_source = ?, utm_medium = ?, utm_campaign = ?, utm_term = ?,"
     " utm_content = ? WHERE id = ? AND started_at > ?"
 )
+_INSERT_SESSION_VISITOR = (
+    "INSERT INTO session_visitors (site_id, visitor_id, session_id) VALUES (?, ?, ?)"
+    " ON CONFLICT DO NOTHING"
+)
+_INSERT_IDENTITY = (
+    "INSERT INTO visitor_identities (site_id, uid, visitor_id, linked_at)"
+    " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+
+
+class _Visits:
+    """The sessions one batch can reach, by (site, visitor id), kept current in memory."""
+
+    def __init__(self, conn: sqlite3.Connection, wanted: dict[int, list]):
+        """wanted: site id -> [visitor ids looked up, first ts, last ts of the lookups].
+
+        Loaded: every stored session of those visitor ids that a lookup within the
+        site's span can reach (a superset of what each lookup needs: find() decides)."""
+        self.conn = conn
+        self.by_visitor: dict[tuple[int, int], list[_Session]] = {}
+        self.new: list[_Session] = []
+        self.links: list[tuple[int, int, int]] = []  # new (site, visitor id, session id)
+        self._next_id: int | None = None
+        by_visitor = self.by_visitor
+        for site_id, (visitors, first, last) in wanted.items():
+            loaded: dict[int, _Session] = {}
+            for session_id, started_at, last_seen_at, visitor in conn.execute(
+                    _LOAD_SESSIONS, (orjson.dumps(list(visitors)), site_id,
+                                     first - SESSION_GAP_MS, last + SESSION_GAP_MS)):
+                session = loaded.get(session_id)
+                if session is None:
+                    session = loaded[session_id] = _Session(
+                        session_id, site_id, None, started_at, last_seen_at, started_at)
+                elif visitor in session.visitor_ids:
+                    continue  # the session again, through another of its visitor ids
+                session.visitor_ids.add(visitor)
+                key = (site_id, visitor)
+                if key in by_visitor:
+                    by_visitor[key].append(session)
+                else:
+                    by_visitor[key] = [session]
+
+    def find(self, site_id: int, visitor: int | None, previous: int | None,
+             ts: int) -> _Session | None:
+        """The open session of either visitor id around ts: the one seen last (the
+        greater id on a tie), as ORDER BY last_seen_at DESC, id DESC would pick it."""
+        best = None
+        earliest, latest = ts - SESSION_GAP_MS, ts + SESSION_GAP_MS
+        by_visitor = self.by_visitor
+        for candidates in (by_visitor.get((site_id, visitor)) if visitor is not None else None,
+                           by_visitor.get((site_id, previous)) if previous is not None else None):
+            if not candidates:
+                continue
+            for session in candidates:
+                if (session.last_seen_at >= earliest and session.started_at <= latest
+                        and (best is None or session.last_seen_at > best.last_seen_at
+                             or (session.last_seen_at == best.last_seen_at
+                                 and session.id > best.id))):
+                    best = session
+        return best
+
+    def open(self, key: tuple[int, int], ts: int, landing: Landing) -> _Session:
+        """A new session of the visitor `key` (site, visitor id) starting at ts."""
+        if self._next_id is None:
+            # The ids SQLite would give, in order: the flush holds the write lock.
+            self._next_id = (self.conn.execute("SELECT max(id) FROM sessions").fetchone()[0]
+                             or 0) + 1
+        session = _Session(self._next_id, key[0], key[1], ts, ts, None, landing)
+        self._next_id += 1
+        self.new.append(session)
+        return session
+
+    def link(self, session: _Session, key: tuple[int, int]) -> None:
+        """Record that the session was seen under the visitor `key` (site, visitor id)."""
+        session.visitor_ids.add(key[1])
+        if key in self.by_visitor:
+            self.by_visitor[key].append(session)
+        else:
+            self.by_visitor[key] = [session]
+        self.links.append((key[0], key[1], session.id))
+
+    def write(self, touched: Iterable[_Session]) -> None:
+        """New sessions, then earlier starts, counts and new visitor ids of stored ones.
+
+        Links go last: their trigger recomputes first touches against final sessions."""
+        conn = self.conn
+        _NEW_SESSIONS.write(conn, [
+            (s.id, s.site_id, s.visitor_id, s.started_at, s.last_seen_at, s.landing.channel,
+             s.landing.source, s.landing.referrer, s.landing.landing_page,
+             s.landing.entry_path, *s.landing.utm, s.pageviews, s.custom_events)
+            for s in self.new])
+        stored = [s for s in touched if s.stored_start is not None]
+        conn.executemany(_UPDATE_LANDING, [
+            (s.started_at, s.landing.channel, s.landing.source, s.landing.referrer,
+             s.landing.landing_page, s.landing.entry_path, *s.landing.utm, s.id, s.started_at)
+            for s in stored if s.landing is not None and s.started_at < s.stored_start])
+        conn.executemany(_UPDATE_COUNTS, [
+            (s.last_seen_at, s.pageviews, s.custom_events, s.id) for s in stored])
+        conn.executemany(_INSERT_SESSION_VISITOR, self.links)
 
 
 class SessionWriter:
@@ -112,115 +241,96 @@ class SessionWriter:
     def record(self, conn: sqlite3.Connection, hits: Sequence[Hit]) -> list[int | None]:
         """The session id of each hit (None for $identify and hits without a visitor)."""
         session_ids: list[int | None] = [None] * len(hits)
-        groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+        groups: dict[tuple[int, int], list[int]] = {}  # (site, visitor id) -> hit indexes
         identifies = []
+        wanted: dict[int, list] = {}  # site -> [visitor ids looked up, first ts, last ts]
         for index, hit in enumerate(hits):
-            if not hit.visitor_id:
+            site_id, visitor, ts = hit.site_id, hit.visitor_id, hit.ts
+            if not visitor:
                 continue
+            previous = hit.previous_visitor_id
             if hit.name == IDENTIFY:
                 identifies.append(hit)
+                if not (hit.uid and previous):
+                    continue
+                visitor = None  # it looks up yesterday's id only
             else:
-                groups[(hit.site_id, hit.visitor_id)].append(index)
-        hosts: dict[int, Collection[str]] = {}
-        by_visitor = [sorted(indexes, key=lambda i: hits[i].ts) for indexes in groups.values()]
+                key = (site_id, visitor)
+                if key in groups:
+                    groups[key].append(index)
+                else:
+                    groups[key] = [index]
+            site = wanted.get(site_id)
+            if site is None:
+                site = wanted[site_id] = [set(), ts, ts]
+            elif ts < site[1]:
+                site[1] = ts
+            elif ts > site[2]:
+                site[2] = ts
+            if visitor is not None:
+                site[0].add(visitor)
+            if previous is not None:
+                site[0].add(previous)
+        if not groups and not identifies:
+            return session_ids
+        visits = _Visits(conn, wanted)
+        del wanted
+        touched: dict[int, _Session] = {}  # stored sessions this batch changes, in order
+        hosts: dict[int, tuple[Collection[str], dict]] = {}
+        ordered_groups = []
+        for key, indexes in groups.items():
+            if len(indexes) > 1:
+                indexes.sort(key=lambda i: hits[i].ts)
+            ordered_groups.append((hits[indexes[0]].ts, key, indexes))
+        del groups
         # Earliest visitor first: a batch spanning midnight holds yesterday's id (which
         # opens the visit) and today's (which must find it through previous_visitor_id).
-        for ordered in sorted(by_visitor, key=lambda indexes: hits[indexes[0]].ts):
-            site_id = hits[ordered[0]].site_id
+        ordered_groups.sort(key=itemgetter(0))
+        find, open_session, link = visits.find, visits.open, visits.link
+        for _, key, indexes in ordered_groups:
+            site_id = key[0]
             if site_id not in hosts:
-                hosts[site_id] = self._site_hosts(conn, site_id)
-            self._assign(conn, hits, ordered, hosts[site_id], session_ids)
-        self._link_identities(conn, identifies)
+                hosts[site_id] = (self._site_hosts(conn, site_id), {})
+            site_hosts, touches = hosts[site_id]
+            current: _Session | None = None
+            for index in indexes:
+                hit = hits[index]
+                ts = hit.ts
+                if current is None or not current.covers(ts):
+                    current = find(site_id, key[1], hit.previous_visitor_id, ts)
+                    if current is None:
+                        current = open_session(key, ts, landing_of(hit, site_hosts, touches))
+                    elif current.stored_start is not None:
+                        touched[current.id] = current
+                if ts < current.started_at:
+                    current.started_at = ts
+                    current.landing = landing_of(hit, site_hosts, touches)
+                if ts > current.last_seen_at:
+                    current.last_seen_at = ts
+                if hit.name == PAGEVIEW:
+                    current.pageviews += 1
+                else:
+                    current.custom_events += 1
+                if key[1] not in current.visitor_ids:
+                    link(current, key)
+                session_ids[index] = current.id
+        visits.write(touched.values())
+        self._link_identities(conn, visits, identifies)
         return session_ids
 
-    def _assign(self, conn, hits: Sequence[Hit], ordered: list[int], site_hosts,
-                session_ids: list[int | None]) -> None:
-        current: _Session | None = None
-        for index in ordered:
-            hit = hits[index]
-            if current is None or not current.covers(hit.ts):
-                if current is not None:
-                    _save(conn, hit.site_id, current)
-                current = _find_open(conn, hit) or _create(conn, hit, site_hosts)
-            if hit.ts < current.started_at:
-                current.started_at = hit.ts
-                current.landing = landing_of(hit, site_hosts)
-            current.last_seen_at = max(current.last_seen_at, hit.ts)
-            if hit.name == PAGEVIEW:
-                current.pageviews += 1
-            else:
-                current.custom_events += 1
-            if hit.visitor_id not in current.visitor_ids:
-                current.visitor_ids.add(hit.visitor_id)
-                current.new_visitor_ids.add(hit.visitor_id)
-            session_ids[index] = current.id
-        if current is not None:
-            _save(conn, hits[ordered[0]].site_id, current)
-
     @staticmethod
-    def _link_identities(conn: sqlite3.Connection, identifies: Iterable[Hit]) -> None:
+    def _link_identities(conn: sqlite3.Connection, visits: _Visits,
+                         identifies: Iterable[Hit]) -> None:
         rows = []
         for hit in identifies:
             if not hit.uid:
                 continue
             rows.append((hit.site_id, hit.uid, hit.visitor_id, hit.ts))
             # Just after midnight the visit may still be open under yesterday's id.
-            if hit.previous_visitor_id and _find_open(conn, hit, only_previous=True):
+            if hit.previous_visitor_id and visits.find(hit.site_id, None,
+                                                       hit.previous_visitor_id, hit.ts):
                 rows.append((hit.site_id, hit.uid, hit.previous_visitor_id, hit.ts))
-        conn.executemany(
-            "INSERT INTO visitor_identities (site_id, uid, visitor_id, linked_at)"
-            " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            rows,
-        )
-
-
-def _find_open(conn: sqlite3.Connection, hit: Hit, only_previous: bool = False) -> _Session | None:
-    today = None if only_previous else hit.visitor_id
-    row = conn.execute(
-        _FIND_OPEN_SESSION,
-        (hit.site_id, today, hit.previous_visitor_id,
-         hit.ts - SESSION_GAP_MS, hit.ts + SESSION_GAP_MS),
-    ).fetchone()
-    if row is None:
-        return None
-    visitors = {
-        r[0] for r in conn.execute(
-            "SELECT visitor_id FROM session_visitors WHERE session_id = ?", (row[0],))
-    }
-    return _Session(row[0], row[1], row[2], visitors)
-
-
-def _create(conn: sqlite3.Connection, hit: Hit, site_hosts) -> _Session:
-    landing = landing_of(hit, site_hosts)
-    session_id = conn.execute(
-        _INSERT_SESSION,
-        (hit.site_id, hit.visitor_id, hit.ts, hit.ts, landing.channel, landing.source,
-         landing.referrer, landing.landing_page, landing.entry_path, *landing.utm),
-    ).lastrowid
-    return _Session(session_id, hit.ts, hit.ts, set())
-
-
-def _save(conn: sqlite3.Connection, site_id: int, session: _Session) -> None:
-    if session.landing is not None:
-        landing = session.landing
-        conn.execute(
-            _UPDATE_LANDING,
-            (session.started_at, landing.channel, landing.source, landing.referrer,
-             landing.landing_page, landing.entry_path, *landing.utm, session.id,
-             session.started_at),
-        )
-        session.landing = None
-    conn.execute(
-        _UPDATE_COUNTS,
-        (session.last_seen_at, session.pageviews, session.custom_events, session.id),
-    )
-    session.pageviews = session.custom_events = 0
-    conn.executemany(
-        "INSERT INTO session_visitors (site_id, visitor_id, session_id) VALUES (?, ?, ?)"
-        " ON CONFLICT DO NOTHING",
-        [(site_id, visitor_id, session.id) for visitor_id in sorted(session.new_visitor_ids)],
-    )
-    session.new_visitor_ids.clear()
+        conn.executemany(_INSERT_IDENTITY, rows)
 
 
 def hosts_of_site(conn: sqlite3.Connection, site_id: int) -> frozenset[str]:

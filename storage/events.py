@@ -1,8 +1,10 @@
 """The events table and the one function that writes a flush into it.
 
 `write_batch(conn, batch)` runs inside the flush transaction (BEGIN IMMEDIATE ... COMMIT,
-opened by the flush thread): one executemany for the events, then the monthly usage of
-every account in the batch, so the stored count always equals the events stored.
+opened by the flush thread): the events in their order, binding only the columns each
+sets (storage.sparse: an executemany per run of rows setting the same columns), then the
+monthly usage of every account in the batch, so the stored count always equals the
+events stored.
 Sessions and identity links (issue 6) are written first, in this same transaction, by
 attribution.flush.assign_sessions, which fills each row's `row[SESSION_ID]` in place.
 """
@@ -13,6 +15,7 @@ import sqlite3
 from dataclasses import dataclass, field
 
 from attribution.flush import assign_sessions
+from storage.sparse import SparseInsert
 
 EVENT_COLUMNS = (
     "site_id", "ts", "name", "visitor_id", "pathname", "url", "hostname", "referrer",
@@ -24,13 +27,7 @@ SITE_ID, TS, NAME, VISITOR_ID = 0, 1, 2, 3
 UID = EVENT_COLUMNS.index("uid")
 SESSION_ID = EVENT_COLUMNS.index("session_id")
 
-INSERT_EVENTS = (
-    "INSERT INTO events (site_id, ts, name, visitor_id, pathname, url, hostname, referrer,"
-    " referrer_host, title, width, language, uid, props, country, browser, os, device,"
-    " utm_source, utm_medium, utm_campaign, utm_term, utm_content, gclid, gbraid, wbraid,"
-    " msclkid, fbclid, session_id)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
+_EVENTS = SparseInsert("events", EVENT_COLUMNS)  # columns with no DEFAULT: omitted = NULL
 ADD_USAGE = (
     "INSERT INTO monthly_usage (account_id, month, events) VALUES (?, ?, ?)"
     " ON CONFLICT (account_id, month) DO UPDATE SET events = events + excluded.events"
@@ -49,7 +46,7 @@ class EventBatch:
 def write_batch(conn: sqlite3.Connection, batch: EventBatch) -> None:
     """Store a batch; the caller holds the transaction. Fills batch.usage_totals."""
     assign_sessions(conn, batch, EVENT_COLUMNS)  # sessions and $identify links (issue 6)
-    conn.executemany(INSERT_EVENTS, batch.rows)
+    _EVENTS.write(conn, batch.rows)
     for (account_id, month), events in batch.usage.items():
         total = conn.execute(ADD_USAGE, (account_id, month, events)).fetchone()[0]
         batch.usage_totals[(account_id, month)] = total

@@ -1,0 +1,79 @@
+"""storage.sparse.SparseInsert stores exactly what one executemany of the full rows stores.
+
+Rows of the real events table go into two real SQLite files, one through SparseInsert
+(binding only the columns each row sets) and one through the full 29-column INSERT; the
+tables must be identical, ids included (rows keep their order across shapes).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from storage.db import Database
+from storage.events import EVENT_COLUMNS
+from storage.sparse import SparseInsert
+
+FULL_INSERT = (
+    "INSERT INTO events (" + ", ".join(EVENT_COLUMNS) + ")"  # noqa: S608 - fixed columns
+    " VALUES (" + ", ".join("?" * len(EVENT_COLUMNS)) + ")"
+)
+PLAIN = [1, 1_790_000_000_000, "pageview", 42, "/", "https://example.com/", "example.com",
+         None, None, None, None, None, None, None, "DE", "Firefox", "Linux", "desktop",
+         None, None, None, None, None, None, None, None, None, None, 7]
+
+
+def variant(**values) -> list:
+    row = list(PLAIN)
+    for name, value in values.items():
+        row[EVENT_COLUMNS.index(name)] = value
+    return row
+
+
+ROWS = {
+    "plain": PLAIN,
+    "referrer and UTM": variant(referrer="https://www.google.com/", referrer_host="google.com",
+                                utm_source="newsletter", utm_medium="email"),
+    "falsy values are values, not NULL": variant(width=0, title="", props="{}", language=""),
+    "no visitor, no session": variant(visitor_id=None, country=None, browser=None, os=None,
+                                      device=None, session_id=None),
+    "identify": variant(name="$identify", uid="user-1", session_id=None),
+    "everything set": [value if value is not None else f"v{index}"
+                       for index, value in enumerate(variant(width=1280))],
+}
+
+
+@pytest.fixture
+def databases(tmp_path):
+    conns = []
+    for name in ("sparse", "full"):
+        conn = Database(str(tmp_path / f"{name}.db")).connect()
+        conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
+        conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 's', 1, 0)")
+        conns.append(conn)
+    yield conns
+    for conn in conns:
+        conn.close()
+
+
+@pytest.mark.parametrize("order", [
+    list(ROWS),  # each shape once
+    ["plain", "plain", "identify", "plain", "referrer and UTM", "referrer and UTM", "plain"],
+    ["everything set", "no visitor, no session", "falsy values are values, not NULL", "plain"],
+])
+def test_rows_are_stored_as_a_full_insert_stores_them_in_their_order(databases, order):
+    sparse, full = databases
+    rows = [list(ROWS[name]) for name in order]
+    for ts, row in enumerate(rows):
+        row[EVENT_COLUMNS.index("ts")] = ts  # tells the rows apart by id order
+    writer = SparseInsert("events", EVENT_COLUMNS)
+    writer.write(sparse, rows)
+    full.executemany(FULL_INSERT, rows)
+    stored = [conn.execute("SELECT * FROM events ORDER BY id").fetchall() for conn in databases]
+    assert stored[0] == stored[1]
+    assert [row[2] for row in stored[0]] == list(range(len(rows)))
+
+
+@pytest.mark.parametrize("row", [PLAIN[:-1], [*PLAIN, None], [*PLAIN, 1]])
+def test_a_row_of_the_wrong_length_is_refused(databases, row):
+    with pytest.raises(ValueError, match=f"{len(row)} values for 29 columns"):
+        SparseInsert("events", EVENT_COLUMNS).write(databases[0], [PLAIN, row])
