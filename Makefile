@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 BIND ?= 127.0.0.1:8000
 WORKERS ?= 2
 
-.PHONY: install run test lint bench fuzz soak clean
+.PHONY: install run test lint bench fuzz clean
 
 install: $(VENV)/.installed
 
