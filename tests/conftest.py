@@ -13,9 +13,17 @@ from pathlib import Path
 import orjson
 import pytest
 import webtest
+from hypothesis import settings
 
 from app import create_app
 from config import Config
+
+# make test runs every property test with fixed examples and no deadline, so a shared,
+# noisy machine can neither turn up a new example nor time one out; make fuzz
+# (FUZZ_EXAMPLES) runs them at random.
+settings.register_profile("fixed", derandomize=True, deadline=None, database=None)
+settings.register_profile("fuzz", deadline=None)
+settings.load_profile("fuzz" if os.environ.get("FUZZ_EXAMPLES") else "fixed")
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
