@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -114,6 +115,16 @@ def run_cli(*args: str, db: str, check: bool = True, env: dict | None = None):
 
 def cli_json(*args: str, db: str, env: dict | None = None) -> dict:
     return orjson.loads(run_cli(*args, "--json", db=db, env=env).stdout)
+
+
+def rows(db_path: str, sql: str, params=()) -> list[dict]:
+    """Read what is on disk through a connection of the test's own."""
+    conn = sqlite3.connect(db_path)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, params)]
+    finally:
+        conn.close()
 
 
 def free_port() -> int:

@@ -12,7 +12,7 @@ import pytest
 
 from app import create_app
 from config import Config
-from tests.conftest import bearer
+from tests.conftest import bearer, rows
 from tests.test_http_foundation import assert_envelope
 
 FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
@@ -31,17 +31,12 @@ def pageview(site_id: str, **fields) -> dict:
     return {"s": site_id, "e": "pageview", "u": "https://example.com/pricing", **fields}
 
 
-def rows(db_path: str, sql: str = "SELECT * FROM events ORDER BY id", params=()) -> list[dict]:
-    conn = sqlite3.connect(db_path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, params)]
-    finally:
-        conn.close()
+def events(db_path: str) -> list[dict]:
+    return rows(db_path, "SELECT * FROM events ORDER BY id")
 
 
 def stored_names(db_path: str) -> list[str]:
-    return [r["name"] for r in rows(db_path)]
+    return [r["name"] for r in events(db_path)]
 
 
 def flush(tally) -> None:
@@ -90,7 +85,7 @@ def test_8192_bytes_accepted_8193_refused(client, site, tally, db_path):
     resp = post(client, site["key"], None, raw=body_of_exactly(site_id, 8193))
     assert_envelope(resp, 413, "invalid_input")
     flush(tally)
-    assert [r["title"] for r in rows(db_path)] == ["x" * 512]
+    assert [r["title"] for r in events(db_path)] == ["x" * 512]
 
 
 def test_body_without_content_length_is_never_read_past_the_limit(tally, site):
@@ -239,7 +234,7 @@ def test_single_event_is_stored_with_its_enrichment(client, site, tally, db_path
     resp = post(client, site["key"], body)
     assert resp.status_int == 204 and resp.body == b""
     flush(tally)
-    [row] = rows(db_path)
+    [row] = events(db_path)
     visitor = row.pop("visitor_id")
     assert isinstance(visitor, int) and -(2**63) <= visitor < 2**63
     row.pop("session_id")  # the attribution step's (issue 6)
@@ -261,7 +256,7 @@ def test_event_without_ip_or_ua_is_stored_without_visitor(client, site, tally, d
     post(client, site["key"], pageview(site_id, e="ua-only", ua=FIREFOX))
     post(client, site["key"], pageview(site_id, e="ip-only", ip="8.8.8.8"))
     flush(tally)
-    found = {r["name"]: r for r in rows(db_path)}
+    found = {r["name"]: r for r in events(db_path)}
     assert [found[n]["visitor_id"] for n in ("bare", "ua-only", "ip-only")] == [None] * 3
     assert found["ua-only"]["browser"] == "Firefox" and found["ua-only"]["country"] is None
     assert found["ip-only"]["country"] == "US" and found["ip-only"]["browser"] is None
@@ -271,7 +266,7 @@ def test_identify_is_stored_with_uid(client, site, tally, db_path):
     body = pageview(site["site"]["id"], e="$identify", uid="user-42", ip="81.2.69.142", ua=FIREFOX)
     assert post(client, site["key"], body).status_int == 204
     flush(tally)
-    [row] = rows(db_path)
+    [row] = events(db_path)
     assert (row["name"], row["uid"]) == ("$identify", "user-42")
 
 
@@ -290,7 +285,7 @@ def test_batch_is_stored_in_order(client, site, tally, db_path):
     assert post(client, site["key"], body).status_int == 204
     flush(tally)
     assert stored_names(db_path) == [f"step {i}" for i in range(50)]
-    assert [r["pathname"] for r in rows(db_path)][:3] == ["/0", "/1", "/2"]
+    assert [r["pathname"] for r in events(db_path)][:3] == ["/0", "/1", "/2"]
 
 
 # The bounded queue -----------------------------------------------------------------

@@ -11,7 +11,7 @@ import webtest
 
 from app import create_app
 from storage.db import Database
-from tests.conftest import bearer
+from tests.conftest import bearer, rows
 from tests.test_http_foundation import assert_envelope
 
 URL = "/api/v1/payments"
@@ -62,16 +62,6 @@ def post(client, site, body, **kwargs):
     data = body if isinstance(body, bytes) else orjson.dumps(body)
     return client.post(URL, data, headers={**bearer(site["key"]), "Content-Type": "application/json"},
                        expect_errors=True, **kwargs)
-
-
-def rows(db_path: str, sql: str, args=()) -> list[dict]:
-    """Read what is on disk through a connection of our own."""
-    conn = sqlite3.connect(db_path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, args)]
-    finally:
-        conn.close()
 
 
 def error_message(resp) -> str:
