@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 BIND ?= 127.0.0.1:8000
 WORKERS ?= 2
 
-.PHONY: install run test lint bench fuzz clean
+.PHONY: install system-deps run test lint bench fuzz clean
 
 install: $(VENV)/.installed
 
@@ -21,7 +21,12 @@ run: install
 	$(BIN)/tally init
 	$(BIN)/gunicorn --bind $(BIND) --workers $(WORKERS) app:app
 
-test: install
+# Headless Chromium, its driver and nginx for the real-part tests: installed through apt
+# when root or sudo allows; required under CI=true, otherwise their tests skip loudly.
+system-deps:
+	@bash scripts/system-deps.sh
+
+test: install system-deps
 	$(BIN)/python -m pytest -q
 
 lint: install
