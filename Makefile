@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 BIND ?= 127.0.0.1:8000
 WORKERS ?= 2
 
-.PHONY: install system-deps run test lint bench fuzz clean
+.PHONY: install system-deps run test lint bench fuzz clean dist
 
 install: $(VENV)/.installed
 
@@ -19,7 +19,18 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 run: install
 	$(BIN)/tally init
-	$(BIN)/gunicorn --bind $(BIND) --workers $(WORKERS) app:app
+	$(BIN)/tally serve --bind $(BIND) --workers $(WORKERS)
+
+# One file, dist/tally.pyz, that runs with python3 of the same minor version on Linux
+# x86_64 (orjson and ua-parser-rs are compiled wheels): `python3 tally.pyz serve`. shiv
+# builds it with pip, from the pip cache or PyPI; tests/test_dist.py builds and runs it.
+PYZ ?= dist/tally.pyz
+dist: install
+	@mkdir -p $(dir $(PYZ))
+	@rm -rf build  # setuptools would reuse stale files of an earlier build
+	$(BIN)/shiv --quiet --compressed --reproducible --entry-point cli:main \
+		--python '/usr/bin/env python3' --output-file $(PYZ) . >/dev/null
+	@ls -l $(PYZ)
 
 # Headless Chromium, its driver and nginx for the real-part tests: installed through apt
 # when root or sudo allows; required under CI=true, otherwise their tests skip loudly.
@@ -47,4 +58,4 @@ bench:
 	$(BIN)/python -m bench.run --workers $(WORKERS) --wrk $(WRK) --readme
 
 clean:
-	rm -rf $(VENV) var .pytest_cache *.egg-info
+	rm -rf $(VENV) var .pytest_cache *.egg-info build dist

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
 
     commands.add_parser("init", help="create the database and apply the schema")
+    serve = commands.add_parser("serve", help="serve HTTP under gunicorn with Tally's settings")
+    serve.add_argument("--bind", metavar="ADDR", help="HOST:PORT or unix:PATH (default 127.0.0.1:8000)")
+    serve.add_argument("--workers", type=_workers, metavar="N", help="worker processes (default 2)")
     commands.add_parser("check", help="integrity check, and monthly usage against stored events")
     usage = commands.add_parser("usage", help="an account's counted events in a month")
     usage.add_argument("account_id", metavar="ACCOUNT_ID")
@@ -87,6 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--by", default="channel", choices=BREAKDOWN_DIMENSIONS)
             sub.add_argument("--limit", default="100", metavar="N", help="rows, 1 to 1000")
     return parser
+
+
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 64, not {value}")
+    return value
 
 
 # Each handler returns (json_object, human_lines).
@@ -253,6 +266,11 @@ def main(argv: Sequence[str] | None = None, *, context: Context | None = None) -
     as_json = "--json" in argv
     argv = [a for a in argv if a != "--json"]
     args = build_parser().parse_args(argv)
+    if args.group == "serve":
+        from serving import serve
+
+        serve(args.bind, args.workers)  # gunicorn's master exits the process itself on errors
+        return 0
     try:
         ctx = context or Context(Config.from_env())
         handler = HANDLERS[(args.group, getattr(args, "action", None))]

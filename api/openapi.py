@@ -7,21 +7,22 @@ opens no file.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 
 import orjson
 import yaml
 
-OPENAPI_PATH = Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml"
+# api/openapi.yaml is a symlink to docs/openapi.yaml, shipped as package data.
+OPENAPI_PATH = files(__package__) / "openapi.yaml"
 
 
-def load_document(path: Path = OPENAPI_PATH) -> dict:
-    with open(path, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
+def load_document(path: Traversable = OPENAPI_PATH) -> dict:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
 class OpenApiDocument:
-    def __init__(self, path: Path = OPENAPI_PATH):
+    def __init__(self, path: Traversable = OPENAPI_PATH):
         self._path = path
         self._body: bytes | None = None
         self._lock = threading.Lock()

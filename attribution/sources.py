@@ -12,9 +12,10 @@ import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 
-SOURCES_JSON = Path(__file__).resolve().parent / "data" / "sources.json"
+SOURCES_JSON = files(__package__) / "data" / "sources.json"
 
 CATEGORIES = ("search", "social", "video", "shopping", "ai")
 CLICK_IDS = ("gclid", "gbraid", "wbraid", "msclkid", "fbclid")
@@ -48,7 +49,7 @@ class SourceCatalog:
         self._country_subdomain = re.compile(rf"^(?:{codes})\.")
 
     @classmethod
-    def load(cls, path: Path = SOURCES_JSON) -> SourceCatalog:
+    def load(cls, path: Traversable = SOURCES_JSON) -> SourceCatalog:
         data = json.loads(path.read_text(encoding="utf-8"))
         return cls(data["hosts"], data["names"], data["countries"])
 

@@ -13,9 +13,12 @@ import re
 import sqlite3
 import threading
 from contextlib import contextmanager
+from importlib.resources import files
 from pathlib import Path
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema.sql"
+# storage/schema.sql is a symlink to the top-level schema.sql, the source of truth; the
+# build copies its content into the package, so an installed or zipped Tally finds it too.
+SCHEMA_PATH = files(__package__) / "schema.sql"
 
 
 @functools.cache

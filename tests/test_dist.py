@@ -1,0 +1,136 @@
+"""The one-file build: dist/tally.pyz built by `make dist`, copied alone into an empty
+folder and run there with a python3 outside the project's venv."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.conftest import REPO, bearer, free_port, http
+
+# Top-level names of the repository that are not part of the running service.
+NOT_SHIPPED = {"tests", "bench", "scripts", "docs", "build", "dist", "clients", "gunicorn.conf"}
+# The packaged copies of the top-level sources of truth (symlinks in the repository).
+PACKAGED = {"storage/schema.sql": "schema.sql", "api/openapi.yaml": "docs/openapi.yaml",
+            "serving/gunicorn_conf.py": "gunicorn.conf.py"}
+
+
+def test_packaged_data_files_are_links_to_the_top_level_sources():
+    for packaged, source in PACKAGED.items():
+        path = REPO / packaged
+        assert path.is_symlink(), f"{packaged} must be a symlink to {source}"
+        assert path.resolve() == (REPO / source).resolve()
+
+
+def python3_outside_the_venv() -> str:
+    """Debian's python3 when it has our minor version, else the interpreter the venv was made from."""
+    system = "/usr/bin/python3"
+    if os.access(system, os.X_OK):
+        version = subprocess.run([system, "-c", "import sys; print(sys.version_info[:2])"],
+                                 capture_output=True, text=True).stdout.strip()
+        if version == str(tuple(sys.version_info[:2])):
+            return system
+    return sys._base_executable
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("build") / "tally.pyz"
+    proc = subprocess.run(["make", "--no-print-directory", "dist", f"PYZ={out}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+class Folder:
+    """An empty folder holding only tally.pyz, and a minimal environment to run it in."""
+
+    def __init__(self, root: Path, pyz: Path):
+        self.root = root
+        (root / "tally.pyz").write_bytes(pyz.read_bytes())
+        self.python = python3_outside_the_venv()
+        # HOME is where shiv unpacks its site-packages once (~/.shiv).
+        self.env = {"PATH": "/usr/bin:/bin", "HOME": str(root / "home"), "LANG": "C.UTF-8"}
+
+    def tally(self, *args: str) -> dict:
+        proc = subprocess.run([self.python, "tally.pyz", *args, "--json"], cwd=self.root,
+                              env=self.env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"tally {args}: {proc.stderr}"
+        return orjson.loads(proc.stdout)
+
+
+@pytest.mark.slow
+def test_the_one_file_build_serves_from_an_empty_folder(pyz, tmp_path):
+    (tmp_path / "empty").mkdir()
+    folder = Folder(tmp_path / "empty", pyz)
+    assert sorted(p.name for p in folder.root.iterdir()) == ["tally.pyz"]
+    assert folder.tally("init")["ok"]
+    assert (folder.root / "var" / "tally.db").is_file()
+    account = folder.tally("account", "create", "--name", "One File")
+    site = folder.tally("site", "create", "--account", account["id"], "--host", "one.example")
+    key = folder.tally("key", "create", "--site", site["id"], "--scope", "events", "--scope",
+                       "payments", "--scope", "read")["key"]
+
+    port = free_port()
+    log = open(tmp_path / "serve.log", "wb")
+    server = subprocess.Popen([folder.python, "tally.pyz", "serve", "--bind", f"127.0.0.1:{port}",
+                               "--workers", "2"], cwd=folder.root, env=folder.env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not _up(base):
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        headers = {**bearer(key), "Content-Type": "application/json"}
+        event = {"s": site["id"], "e": "pageview", "u": "https://one.example/pricing",
+                 "ip": "81.2.69.160", "ua": "Mozilla/5.0 (X11; Linux x86_64) Firefox/128.0"}
+        assert http("POST", base + "/api/v1/events", orjson.dumps(event), headers)[0] == 204
+        payment = {"payment_id": "pay_one", "amount": 12.5, "currency": "EUR", "kind": "charge",
+                   "paid_at": "2026-09-21T14:00:00Z", "customer": {"id": "cus_one"}}
+        status, _, body = http("POST", base + "/api/v1/payments", orjson.dumps(payment), headers)
+        assert status == 200, body
+        status, _, body = http("GET", base + "/api/v1/payments/pay_one", None, bearer(key))
+        assert status == 200, body
+        assert orjson.loads(body)["data"]["amount"] == 12.5
+        status, _, body = http("GET", base + "/api/v1/openapi.json")
+        assert status == 200 and orjson.loads(body)["openapi"].startswith("3.")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(60)
+        log.close()
+    assert code == 0, (tmp_path / "serve.log").read_text()
+    # The queue was drained on SIGTERM: the event is on disk and the database checks out.
+    traffic = folder.tally("report", "traffic", "--site", site["id"])
+    assert traffic["aggregate"]["pageviews"] == 1, traffic
+    assert folder.tally("check")["ok"]
+
+
+def _up(base: str) -> bool:
+    try:
+        return http("GET", base + "/healthz")[0] == 200
+    except OSError:
+        return False
+
+
+def test_the_build_holds_every_run_time_module_and_the_packaged_sources(pyz):
+    with zipfile.ZipFile(pyz) as archive:
+        names = archive.namelist()
+        for packaged, source in PACKAGED.items():
+            assert archive.read(f"site-packages/{packaged}") == (REPO / source).read_bytes()
+    shipped = {name.split("/")[1].removesuffix(".py") for name in names
+               if name.startswith("site-packages/") and name.count("/") >= 1}
+    in_repo = {p.name.removesuffix(".py") for p in REPO.iterdir()
+               if (p.suffix == ".py" or (p / "__init__.py").is_file()) and not p.name.startswith(".")}
+    missing = in_repo - NOT_SHIPPED - shipped
+    assert not missing, (f"{sorted(missing)} would be missing from dist/tally.pyz: add them to "
+                         "setup.cfg (py_modules or packages.find include), or to NOT_SHIPPED here")
