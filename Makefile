@@ -9,12 +9,13 @@ WORKERS ?= 2
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+$(VENV)/.installed: setup.cfg pyproject.toml clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# compat mode puts the repo root on sys.path, so packages added later import
-	# without reinstalling.
+	# without reinstalling. The client library (clients/python) is tested against the
+	# server in make test, so it is installed beside it.
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check \
-		--config-settings editable_mode=compat -e '.[test]'
+		--config-settings editable_mode=compat -e '.[test]' -e clients/python
 	touch $@
 
 run: install

@@ -136,7 +136,8 @@ def free_port() -> int:
 class Server:
     """A real gunicorn serving app:app from the repo root, with gunicorn.conf.py."""
 
-    def __init__(self, db: str, workers: int = 2, env: dict | None = None, log_path: Path | None = None):
+    def __init__(self, db: str, workers: int = 2, env: dict | None = None,
+                 log_path: Path | None = None, app: str = "app:app"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.db = db
@@ -144,7 +145,7 @@ class Server:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [str(BIN / "gunicorn"), "--bind", f"127.0.0.1:{self.port}", "--workers", str(workers),
-             "app:app"],
+             app],
             cwd=REPO, env={**os.environ, "TALLY_DB": db, **(env or {})},
             stdout=self._log, stderr=subprocess.STDOUT,
         )
@@ -185,8 +186,8 @@ class Server:
 def server_factory(tmp_path):
     servers = []
 
-    def start(db: str, workers: int = 2, env: dict | None = None) -> Server:
-        server = Server(db, workers, env).wait_ready()
+    def start(db: str, workers: int = 2, env: dict | None = None, app: str = "app:app") -> Server:
+        server = Server(db, workers, env, app=app).wait_ready()
         servers.append(server)
         return server
 
