@@ -88,10 +88,14 @@ CREATE INDEX IF NOT EXISTS payments_customer ON payments (site_id, customer_id);
 
 -- Every subscription block received, effective at its payment's paid_at: MRR at a past
 -- date is computed from these. One per payment: re-sending a payment replaces its own.
+-- A state known without a payment (a Stripe customer.subscription.* event, an invoice
+-- whose charge is not named) has no payment_id but the event_id that brought it, and is
+-- effective at that event's time. Version 9 made payment_id optional (storage/migrations.py).
 CREATE TABLE IF NOT EXISTS subscription_observations (
     id                    INTEGER PRIMARY KEY,
     site_id               INTEGER NOT NULL REFERENCES sites (id),
-    payment_id            TEXT    NOT NULL,
+    payment_id            TEXT,
+    event_id              TEXT    CHECK ((payment_id IS NULL) <> (event_id IS NULL)),
     subscription_id       TEXT    NOT NULL CHECK (length(subscription_id) BETWEEN 1 AND 128),
     customer_id           TEXT    NOT NULL,
     effective_at_ms       INTEGER NOT NULL,
@@ -117,6 +121,8 @@ CREATE INDEX IF NOT EXISTS subscription_observations_sub
     ON subscription_observations (site_id, subscription_id, effective_at_ms);
 CREATE INDEX IF NOT EXISTS subscription_observations_time
     ON subscription_observations (site_id, effective_at_ms);
+CREATE UNIQUE INDEX IF NOT EXISTS subscription_observations_event
+    ON subscription_observations (site_id, event_id) WHERE event_id IS NOT NULL;
 
 -- The latest state of each subscription: a copy of its observation with the greatest
 -- effective_at_ms (the later received on a tie), so a late retry of an old payment
@@ -126,7 +132,7 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     site_id               INTEGER NOT NULL REFERENCES sites (id),
     subscription_id       TEXT    NOT NULL CHECK (length(subscription_id) BETWEEN 1 AND 128),
     customer_id           TEXT    NOT NULL,
-    payment_id            TEXT    NOT NULL,
+    payment_id            TEXT,
     effective_at_ms       INTEGER NOT NULL,
     currency              TEXT    NOT NULL,
     plan                  TEXT,
@@ -391,4 +397,37 @@ CREATE TABLE IF NOT EXISTS traffic_day_values (
 );
 CREATE INDEX IF NOT EXISTS traffic_day_values_read ON traffic_day_values (site_id, dimension, day);
 
-PRAGMA user_version = 8;
+-- Stripe webhooks (issue 17) -------------------------------------------------
+-- Each site's webhook signing secret (whsec_...). HMAC verification needs the secret
+-- itself, so it cannot be stored hashed: it is kept here, never logged or printed;
+-- `tally` shows only its fingerprint (a SHA-256 prefix).
+CREATE TABLE IF NOT EXISTS stripe_webhook_secrets (
+    site_id     INTEGER PRIMARY KEY REFERENCES sites (id),
+    secret      TEXT    NOT NULL CHECK (length(secret) BETWEEN 7 AND 256),
+    fingerprint TEXT    NOT NULL,
+    created_at  INTEGER NOT NULL
+);
+
+-- Every Stripe event applied, by its id, so a redelivery is answered without applying it
+-- twice; written in the transaction that applies the event.
+CREATE TABLE IF NOT EXISTS stripe_events (
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    event_id    TEXT    NOT NULL CHECK (length(event_id) BETWEEN 1 AND 255),
+    type        TEXT    NOT NULL,
+    created     INTEGER NOT NULL,  -- the event's own time, unix seconds
+    received_at INTEGER NOT NULL,
+    PRIMARY KEY (site_id, event_id)
+) WITHOUT ROWID;
+
+-- The newest version applied of each Stripe charge, refund, dispute and invoice: (rank of
+-- its status, time of its event). An older version arriving late is not applied, so
+-- deliveries out of order end in the state of the newest.
+CREATE TABLE IF NOT EXISTS stripe_objects (
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    object_id   TEXT    NOT NULL,
+    rank        INTEGER NOT NULL,
+    created     INTEGER NOT NULL,  -- unix seconds
+    PRIMARY KEY (site_id, object_id)
+) WITHOUT ROWID;
+
+PRAGMA user_version = 9;

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
 
+from storage import migrations
+
 # storage/schema.sql is a symlink to the top-level schema.sql, the source of truth; the
 # build copies its content into the package, so an installed or zipped Tally finds it too.
 SCHEMA_PATH = files(__package__) / "schema.sql"
@@ -132,9 +134,12 @@ class Database:
             if conn.execute("PRAGMA user_version").fetchone()[0] < version:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    if conn.execute("PRAGMA user_version").fetchone()[0] < version:
+                    found = conn.execute("PRAGMA user_version").fetchone()[0]
+                    if found < version:
+                        migrations.before_script(conn, found)
                         for statement in _statements(script):
                             conn.execute(statement)
+                        migrations.after_script(conn, found)
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")

@@ -14,7 +14,7 @@ import orjson
 
 from storage.db import Database
 from validation.common import decimal_text
-from validation.payment import Instant, Payment, Subscription
+from validation.payment import Customer, Instant, Payment, Subscription
 
 # Customer fields a payment may leave out; a value given by a payment at least as new
 # (by paid_at) as the stored one wins, an older payment only fills empty fields.
@@ -80,21 +80,20 @@ class PaymentStore:
         """Store the payment (replacing one with its payment_id), its customer and subscription."""
         now_ms = int(self.clock() * 1000)
         with self.db.transaction() as conn:
-            self._upsert_customer(conn, site_id, payment, now_ms)
-            self._upsert_payment(conn, site_id, payment, now_ms)
-            for subscription_id in self._replace_observation(conn, site_id, payment, now_ms):
-                self._refresh_subscription(conn, site_id, subscription_id, now_ms)
+            self.write(conn, site_id, payment, now_ms)
+
+    @classmethod
+    def write(cls, conn: sqlite3.Connection, site_id: int, payment: Payment, now_ms: int) -> None:
+        """upsert's writes, inside a transaction the caller holds (the Stripe webhook's)."""
+        cls._upsert_customer(conn, site_id, payment, now_ms)
+        cls._upsert_payment(conn, site_id, payment, now_ms)
+        for subscription_id in cls._replace_observation(conn, site_id, payment, now_ms):
+            refresh_subscription(conn, site_id, subscription_id, now_ms)
 
     @staticmethod
     def _upsert_customer(conn: sqlite3.Connection, site_id: int, payment: Payment,
                          now_ms: int) -> None:
-        customer = payment.customer
-        conn.execute(
-            _UPSERT_CUSTOMER,
-            (site_id, customer.id, customer.email, customer.user_id, customer.visitor_id,
-             customer.name, customer.country, _json_text(customer.metadata),
-             payment.paid_at.unix_ms, now_ms, now_ms),
-        )
+        write_customer(conn, site_id, payment.customer, payment.paid_at.unix_ms, now_ms)
 
     @staticmethod
     def _upsert_payment(conn: sqlite3.Connection, site_id: int, payment: Payment,
@@ -132,26 +131,47 @@ class PaymentStore:
             touched.add(payment.subscription.id)
         return touched
 
-    @staticmethod
-    def _refresh_subscription(conn: sqlite3.Connection, site_id: int, subscription_id: str,
-                              now_ms: int) -> None:
-        latest = conn.execute(_LATEST_OBSERVATION, (site_id, subscription_id)).fetchone()
-        if latest is None:
-            conn.execute(
-                "DELETE FROM subscriptions WHERE site_id = ? AND subscription_id = ?",
-                (site_id, subscription_id),
-            )
-        else:
-            conn.execute(_UPSERT_SUBSCRIPTION, (site_id, *latest, now_ms))
+
+
+def write_customer(conn: sqlite3.Connection, site_id: int, customer: Customer, as_of_ms: int,
+                   now_ms: int) -> None:
+    """Insert or merge the customer: values as of an instant at least as new as the stored
+    ones win; older ones only fill empty fields."""
+    conn.execute(
+        _UPSERT_CUSTOMER,
+        (site_id, customer.id, customer.email, customer.user_id, customer.visitor_id,
+         customer.name, customer.country, _json_text(customer.metadata), as_of_ms, now_ms,
+         now_ms),
+    )
+
+
+def refresh_subscription(conn: sqlite3.Connection, site_id: int, subscription_id: str,
+                         now_ms: int) -> None:
+    """The subscriptions row becomes a copy of the subscription's latest observation."""
+    latest = conn.execute(_LATEST_OBSERVATION, (site_id, subscription_id)).fetchone()
+    if latest is None:
+        conn.execute(
+            "DELETE FROM subscriptions WHERE site_id = ? AND subscription_id = ?",
+            (site_id, subscription_id),
+        )
+    else:
+        conn.execute(_UPSERT_SUBSCRIPTION, (site_id, *latest, now_ms))
 
 
 def _subscription_state(payment: Payment, subscription: Subscription) -> tuple:
+    return subscription_state(subscription, payment.customer.id, payment.payment_id,
+                              payment.paid_at.unix_ms, payment.currency)
+
+
+def subscription_state(subscription: Subscription, customer_id: str, payment_id: str | None,
+                       effective_at_ms: int, currency: str) -> tuple:
+    """The SUBSCRIPTION_STATE columns of an observation, in order."""
     return (
         subscription.id,
-        payment.customer.id,
-        payment.payment_id,
-        payment.paid_at.unix_ms,
-        payment.currency,
+        customer_id,
+        payment_id,
+        effective_at_ms,
+        currency,
         subscription.plan,
         subscription.interval,
         subscription.status,

@@ -130,6 +130,8 @@ def json_decimal(value: object) -> Decimal:
     digits (any realistic amount: 9,999,999,999,999.99 has 15) comes back digit for
     digit; longer ones come back as the nearest double's shortest spelling.
     """
+    if isinstance(value, Decimal) and value.is_finite():
+        return value  # built in code (the Stripe mapping), never parsed from a request
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidNumber("not a number")
     if isinstance(value, float):

@@ -176,6 +176,32 @@ def validate_payment(body: Any) -> Payment:
     )
 
 
+def validate_customer(value: Any) -> Customer:
+    """A customer object by the payment body's rules (for links sent without a payment)."""
+    errors: dict[str, str] = {}
+    customer = _customer(_Checker(errors), value)
+    if errors:
+        raise InvalidPayment(errors)
+    return customer
+
+
+def validate_subscription_state(customer: Any, currency: Any, effective_at: Any,
+                                subscription: Any) -> tuple[Customer, str, Instant, Subscription]:
+    """A subscription's state known without a payment, by the payment body's rules: its
+    customer, currency, the instant it took effect, and the subscription block."""
+    errors: dict[str, str] = {}
+    checker = _Checker(errors)
+    cleaned_customer = _customer(checker, customer)
+    cleaned_currency = checker.required("currency", currency, currency_code)
+    instant = checker.required("paid_at", effective_at, _instant)
+    block = _subscription(checker, subscription, instant)
+    if block is None and "subscription" not in errors:
+        errors["subscription"] = MESSAGES["subscription"]
+    if errors:
+        raise InvalidPayment(errors)
+    return cleaned_customer, cleaned_currency, instant, block
+
+
 def _customer(checker: _Checker, value: Any) -> Customer | None:
     if not isinstance(value, dict):
         checker.errors["customer"] = MESSAGES["customer"]

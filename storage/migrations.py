@@ -1,0 +1,53 @@
+"""Changes schema.sql cannot make by itself: it only creates what is missing, and SQLite
+cannot loosen a column's NOT NULL in place.
+
+`db._ensure_schema` calls `before_script` and `after_script` around schema.sql, in its
+transaction, with the user_version the file had (0: a new file, nothing to move).
+Version 9: subscription_observations.payment_id and subscriptions.payment_id became
+optional (a subscription state known without a payment) and observations gained
+event_id. The old tables are renamed aside with their indexes dropped, schema.sql
+creates the new ones, and the rows are copied over.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+# Tables rebuilt for version 9, with the indexes schema.sql creates on them again.
+_REBUILT_FOR_9 = {
+    "subscription_observations": ("subscription_observations_sub",
+                                  "subscription_observations_time"),
+    "subscriptions": ("subscriptions_customer",),
+}
+_ASIDE = "{}_before_9"
+
+
+def before_script(conn: sqlite3.Connection, version: int) -> None:
+    if not 0 < version < 9:
+        return
+    for table, indexes in _REBUILT_FOR_9.items():
+        if not _exists(conn, table):
+            continue
+        # sql-safe: identifiers from the fixed table _REBUILT_FOR_9
+        conn.execute(f"ALTER TABLE {table} RENAME TO {_ASIDE.format(table)}")
+        for index in indexes:
+            conn.execute(f"DROP INDEX IF EXISTS {index}")  # sql-safe: fixed names above
+
+
+def after_script(conn: sqlite3.Connection, version: int) -> None:
+    if not 0 < version < 9:
+        return
+    for table in _REBUILT_FOR_9:
+        aside = _ASIDE.format(table)
+        if not _exists(conn, aside):
+            continue
+        columns = [row[1] for row in conn.execute(f"PRAGMA table_info({aside})")]  # sql-safe: fixed name
+        names = ", ".join(columns)
+        # sql-safe: identifiers from the fixed table and the columns SQLite reports for it
+        conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {aside}")  # noqa: S608
+        conn.execute(f"DROP TABLE {aside}")  # sql-safe: fixed name
+
+
+def _exists(conn: sqlite3.Connection, table: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                        (table,)).fetchone() is not None

@@ -1,0 +1,394 @@
+-- Tally's schema. Applied idempotently by every process on first use
+-- (storage/db.py); bump the user_version at the end when it changes.
+-- Times are integers: unix milliseconds unless a column says otherwise.
+
+-- Accounts, sites and API keys --------------------------------------------
+
+CREATE TABLE IF NOT EXISTS accounts (
+    id          INTEGER PRIMARY KEY,
+    public_id   TEXT    NOT NULL UNIQUE,
+    name        TEXT    NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
+    plan        TEXT    NOT NULL DEFAULT 'free'
+                        CHECK (plan IN ('free', 'starter', 'growth', 'scale')),
+    created_at  INTEGER NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS sites (
+    id          INTEGER PRIMARY KEY,
+    public_id   TEXT    NOT NULL UNIQUE,
+    account_id  INTEGER NOT NULL REFERENCES accounts (id),
+    created_at  INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sites_account ON sites (account_id);
+
+CREATE TABLE IF NOT EXISTS site_hosts (
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    host        TEXT    NOT NULL CHECK (host = lower(host) AND length(host) BETWEEN 1 AND 253),
+    PRIMARY KEY (site_id, host)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS api_keys (
+    id          INTEGER PRIMARY KEY,
+    public_id   TEXT    NOT NULL UNIQUE,
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    secret_hash BLOB    NOT NULL UNIQUE CHECK (length(secret_hash) = 32),
+    prefix      TEXT    NOT NULL,
+    scopes      TEXT    NOT NULL CHECK (length(scopes) > 0),
+    created_at  INTEGER NOT NULL,
+    revoked_at  INTEGER
+);
+CREATE INDEX IF NOT EXISTS api_keys_site ON api_keys (site_id);
+
+-- Payments, customers, subscriptions (issue 3) -----------------------------
+-- Amounts are exact decimal text in major units, plain digits with at most one point and
+-- no trailing zeros ("10.5", "100"; validation/common.decimal_text): add them up with
+-- Decimal, never as REAL. Instants are kept as the caller's RFC 3339 text plus unix ms.
+
+CREATE TABLE IF NOT EXISTS customers (
+    id          INTEGER PRIMARY KEY,
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    customer_id TEXT    NOT NULL CHECK (length(customer_id) BETWEEN 1 AND 128),
+    email       TEXT    CHECK (email = lower(email) AND instr(email, '@') > 0),
+    user_id     TEXT,
+    visitor_id  TEXT,
+    name        TEXT,
+    country     TEXT    CHECK (length(country) = 2 AND country = upper(country)),
+    metadata    TEXT    CHECK (metadata IS NULL OR json_valid(metadata)),
+    -- paid_at (ms) of the newest payment whose values the fields hold
+    as_of_ms    INTEGER NOT NULL,
+    created_at  INTEGER NOT NULL,
+    updated_at  INTEGER NOT NULL,
+    UNIQUE (site_id, customer_id)
+);
+CREATE INDEX IF NOT EXISTS customers_user ON customers (site_id, user_id);
+CREATE INDEX IF NOT EXISTS customers_visitor ON customers (site_id, visitor_id);
+
+CREATE TABLE IF NOT EXISTS payments (
+    id              INTEGER PRIMARY KEY,
+    site_id         INTEGER NOT NULL REFERENCES sites (id),
+    payment_id      TEXT    NOT NULL CHECK (length(payment_id) BETWEEN 1 AND 128),
+    customer_id     TEXT    NOT NULL,
+    amount          TEXT    NOT NULL CHECK (amount GLOB '[0-9]*' AND amount NOT GLOB '*[^0-9.]*'
+                                            AND amount GLOB '*[1-9]*'),
+    currency        TEXT    NOT NULL CHECK (length(currency) = 3 AND currency = upper(currency)),
+    fee             TEXT    CHECK (fee GLOB '[0-9]*' AND fee NOT GLOB '*[^0-9.]*'),
+    kind            TEXT    NOT NULL CHECK (kind IN ('charge', 'refund', 'chargeback')),
+    status          TEXT    NOT NULL CHECK (status IN ('succeeded', 'pending', 'failed')),
+    paid_at         TEXT    NOT NULL,
+    paid_at_ms      INTEGER NOT NULL,
+    metadata        TEXT    CHECK (metadata IS NULL OR json_valid(metadata)),
+    subscription_id TEXT,
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL,
+    UNIQUE (site_id, payment_id),
+    FOREIGN KEY (site_id, customer_id) REFERENCES customers (site_id, customer_id)
+);
+CREATE INDEX IF NOT EXISTS payments_paid ON payments (site_id, paid_at_ms);
+CREATE INDEX IF NOT EXISTS payments_customer ON payments (site_id, customer_id);
+
+-- Every subscription block received, effective at its payment's paid_at: MRR at a past
+-- date is computed from these. One per payment: re-sending a payment replaces its own.
+CREATE TABLE IF NOT EXISTS subscription_observations (
+    id                    INTEGER PRIMARY KEY,
+    site_id               INTEGER NOT NULL REFERENCES sites (id),
+    payment_id            TEXT    NOT NULL,
+    subscription_id       TEXT    NOT NULL CHECK (length(subscription_id) BETWEEN 1 AND 128),
+    customer_id           TEXT    NOT NULL,
+    effective_at_ms       INTEGER NOT NULL,
+    currency              TEXT    NOT NULL,
+    plan                  TEXT,
+    interval              TEXT    CHECK (interval IN ('day', 'week', 'month', 'year')),
+    status                TEXT    NOT NULL CHECK (status IN ('active', 'trialing', 'past_due',
+                                                             'paused', 'canceled', 'ended')),
+    amount                TEXT    CHECK (amount GLOB '[0-9]*' AND amount NOT GLOB '*[^0-9.]*'),
+    started_at            TEXT    NOT NULL,
+    started_at_ms         INTEGER NOT NULL,
+    current_period_end    TEXT,
+    current_period_end_ms INTEGER,
+    canceled_at           TEXT,
+    canceled_at_ms        INTEGER,
+    ended_at              TEXT,
+    ended_at_ms           INTEGER,
+    received_at           INTEGER NOT NULL,
+    UNIQUE (site_id, payment_id),
+    FOREIGN KEY (site_id, payment_id) REFERENCES payments (site_id, payment_id)
+);
+CREATE INDEX IF NOT EXISTS subscription_observations_sub
+    ON subscription_observations (site_id, subscription_id, effective_at_ms);
+CREATE INDEX IF NOT EXISTS subscription_observations_time
+    ON subscription_observations (site_id, effective_at_ms);
+
+-- The latest state of each subscription: a copy of its observation with the greatest
+-- effective_at_ms (the later received on a tie), so a late retry of an old payment
+-- never rolls a subscription back.
+CREATE TABLE IF NOT EXISTS subscriptions (
+    id                    INTEGER PRIMARY KEY,
+    site_id               INTEGER NOT NULL REFERENCES sites (id),
+    subscription_id       TEXT    NOT NULL CHECK (length(subscription_id) BETWEEN 1 AND 128),
+    customer_id           TEXT    NOT NULL,
+    payment_id            TEXT    NOT NULL,
+    effective_at_ms       INTEGER NOT NULL,
+    currency              TEXT    NOT NULL,
+    plan                  TEXT,
+    interval              TEXT    CHECK (interval IN ('day', 'week', 'month', 'year')),
+    status                TEXT    NOT NULL CHECK (status IN ('active', 'trialing', 'past_due',
+                                                             'paused', 'canceled', 'ended')),
+    amount                TEXT    CHECK (amount GLOB '[0-9]*' AND amount NOT GLOB '*[^0-9.]*'),
+    started_at            TEXT    NOT NULL,
+    started_at_ms         INTEGER NOT NULL,
+    current_period_end    TEXT,
+    current_period_end_ms INTEGER,
+    canceled_at           TEXT,
+    canceled_at_ms        INTEGER,
+    ended_at              TEXT,
+    ended_at_ms           INTEGER,
+    updated_at            INTEGER NOT NULL,
+    UNIQUE (site_id, subscription_id)
+);
+CREATE INDEX IF NOT EXISTS subscriptions_customer ON subscriptions (site_id, customer_id);
+
+
+-- Events (issue 4) ---------------------------------------------------------
+-- One row per stored event, written only by the flush threads (storage/events.py).
+-- visitor_id: signed 64-bit keyed hash of (daily salt, site, ip, ua); NULL without ip
+-- or ua. The raw IP is never stored. session_id is filled by the attribution step of
+-- the flush (issue 6). One index: reports read a site's events over a time range.
+CREATE TABLE IF NOT EXISTS events (
+    id            INTEGER PRIMARY KEY,
+    site_id       INTEGER NOT NULL REFERENCES sites (id),
+    ts            INTEGER NOT NULL,
+    name          TEXT    NOT NULL CHECK (length(name) BETWEEN 1 AND 64),
+    visitor_id    INTEGER,
+    pathname      TEXT    NOT NULL,
+    url           TEXT    NOT NULL,
+    hostname      TEXT    NOT NULL,
+    referrer      TEXT,
+    referrer_host TEXT,
+    title         TEXT,
+    width         INTEGER CHECK (width BETWEEN 0 AND 32767),
+    language      TEXT,
+    uid           TEXT,
+    props         TEXT,
+    country       TEXT    CHECK (length(country) = 2),
+    browser       TEXT,
+    os            TEXT,
+    device        TEXT    CHECK (device = 'desktop' OR device = 'mobile' OR device = 'tablet'),
+    utm_source    TEXT,
+    utm_medium    TEXT,
+    utm_campaign  TEXT,
+    utm_term      TEXT,
+    utm_content   TEXT,
+    gclid         TEXT,
+    gbraid        TEXT,
+    wbraid        TEXT,
+    msclkid       TEXT,
+    fbclid        TEXT,
+    session_id    INTEGER
+);
+CREATE INDEX IF NOT EXISTS events_site_ts ON events (site_id, ts);
+
+-- The secret salt of each UTC day (days since 1970-01-01), shared by every worker;
+-- rows of days before yesterday are deleted (enrichment/visitor.py).
+CREATE TABLE IF NOT EXISTS visitor_salts (
+    day         INTEGER PRIMARY KEY,
+    salt        BLOB    NOT NULL CHECK (length(salt) = 32),
+    created_at  INTEGER NOT NULL
+);
+
+-- Monthly usage (issue 5) --------------------------------------------------
+-- Counted events (all but $identify and bots) per account and UTC month, incremented
+-- in the flush transaction that stores them.
+CREATE TABLE IF NOT EXISTS monthly_usage (
+    account_id  INTEGER NOT NULL REFERENCES accounts (id),
+    month       TEXT    NOT NULL CHECK (month GLOB '[0-9][0-9][0-9][0-9]-[01][0-9]'),
+    events      INTEGER NOT NULL CHECK (events >= 0),
+    PRIMARY KEY (account_id, month)
+) WITHOUT ROWID;
+
+-- Sessions, identities, attribution (issue 6) ------------------------------
+
+-- A visit: a visitor's events with gaps of at most 30 minutes. Its source, channel,
+-- referrer, landing page and UTM values are those of its earliest event.
+CREATE TABLE IF NOT EXISTS sessions (
+    id            INTEGER PRIMARY KEY,
+    site_id       INTEGER NOT NULL REFERENCES sites (id),
+    visitor_id    INTEGER NOT NULL,
+    started_at    INTEGER NOT NULL,
+    last_seen_at  INTEGER NOT NULL CHECK (last_seen_at >= started_at),
+    channel       TEXT    NOT NULL CHECK (length(channel) BETWEEN 1 AND 40),
+    source        TEXT,
+    referrer      TEXT,
+    landing_page  TEXT,
+    entry_path    TEXT,
+    utm_source    TEXT,
+    utm_medium    TEXT,
+    utm_campaign  TEXT,
+    utm_term      TEXT,
+    utm_content   TEXT,
+    pageviews     INTEGER NOT NULL DEFAULT 0 CHECK (pageviews >= 0),
+    custom_events INTEGER NOT NULL DEFAULT 0 CHECK (custom_events >= 0)
+);
+CREATE INDEX IF NOT EXISTS sessions_site_start ON sessions (site_id, started_at);
+
+-- Visitor ids are the events' signed 64-bit integers; a customer's visitor_id (text)
+-- names one in decimal ("-4211997000335042181").
+-- Every visitor id a session was seen under: its first one, and today's id of a
+-- session that crossed midnight UTC (when the daily salt, so the visitor id, changed).
+CREATE TABLE IF NOT EXISTS session_visitors (
+    site_id    INTEGER NOT NULL REFERENCES sites (id),
+    visitor_id INTEGER NOT NULL,
+    session_id INTEGER NOT NULL REFERENCES sessions (id),
+    PRIMARY KEY (site_id, visitor_id, session_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS session_visitors_session ON session_visitors (session_id);
+
+-- $identify: the caller's user id seen from a visitor (ip + ua under a daily salt).
+CREATE TABLE IF NOT EXISTS visitor_identities (
+    site_id    INTEGER NOT NULL REFERENCES sites (id),
+    uid        TEXT    NOT NULL CHECK (length(uid) BETWEEN 1 AND 128),
+    visitor_id INTEGER NOT NULL,
+    linked_at  INTEGER NOT NULL,
+    PRIMARY KEY (site_id, uid, visitor_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS visitor_identities_visitor ON visitor_identities (site_id, visitor_id);
+
+-- Each customer's first touch: the earliest session of any visitor linked to it now
+-- (customer.visitor_id, or customer.user_id -> $identify -> visitor); NULL when none, so
+-- Unattributed. The triggers below keep it current in the very transaction that changes
+-- a customer, a link or a session, whoever writes it; reports join it per payment.
+CREATE TABLE IF NOT EXISTS customer_first_touch (
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    customer_id TEXT    NOT NULL,
+    session_id  INTEGER REFERENCES sessions (id),
+    PRIMARY KEY (site_id, customer_id)
+) WITHOUT ROWID;
+
+-- Inserting (site_id, customer_id) here recomputes that customer's first touch; the row
+-- is removed by the same trigger, so the table stays empty. It is the one definition of
+-- "first touch" that every trigger below calls.
+CREATE TABLE IF NOT EXISTS first_touch_refresh (
+    site_id     INTEGER NOT NULL,
+    customer_id TEXT    NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS first_touch_refresh_run AFTER INSERT ON first_touch_refresh
+BEGIN
+    INSERT INTO customer_first_touch (site_id, customer_id, session_id)
+    SELECT NEW.site_id, NEW.customer_id, (
+        SELECT s.id FROM sessions s
+         WHERE s.id IN (
+            SELECT sv.session_id
+              FROM customers c CROSS JOIN session_visitors sv
+             WHERE c.site_id = NEW.site_id AND c.customer_id = NEW.customer_id
+               AND sv.site_id = c.site_id AND sv.visitor_id = c.visitor_id
+            UNION ALL
+            SELECT sv.session_id
+              FROM customers c CROSS JOIN visitor_identities vi CROSS JOIN session_visitors sv
+             WHERE c.site_id = NEW.site_id AND c.customer_id = NEW.customer_id
+               AND vi.site_id = c.site_id AND vi.uid = c.user_id
+               AND sv.site_id = vi.site_id AND sv.visitor_id = vi.visitor_id)
+         ORDER BY s.started_at, s.id LIMIT 1)
+    WHERE true
+    ON CONFLICT (site_id, customer_id) DO UPDATE SET session_id = excluded.session_id;
+    DELETE FROM first_touch_refresh WHERE rowid = NEW.rowid;
+END;
+
+CREATE TRIGGER IF NOT EXISTS first_touch_new_customer AFTER INSERT ON customers
+BEGIN
+    INSERT INTO first_touch_refresh (site_id, customer_id) VALUES (NEW.site_id, NEW.customer_id);
+END;
+
+CREATE TRIGGER IF NOT EXISTS first_touch_customer_links AFTER UPDATE OF user_id, visitor_id
+    ON customers WHEN NEW.user_id IS NOT OLD.user_id OR NEW.visitor_id IS NOT OLD.visitor_id
+BEGIN
+    INSERT INTO first_touch_refresh (site_id, customer_id) VALUES (NEW.site_id, NEW.customer_id);
+END;
+
+CREATE TRIGGER IF NOT EXISTS first_touch_new_identity AFTER INSERT ON visitor_identities
+BEGIN
+    INSERT INTO first_touch_refresh (site_id, customer_id)
+    SELECT site_id, customer_id FROM customers WHERE site_id = NEW.site_id AND user_id = NEW.uid;
+END;
+
+-- A visitor's new session (or a session's new visitor id after midnight). The flush
+-- inserts these in bulk and most visitors are linked to no customer: WHEN skips the body
+-- (whose UNION costs a temporary b-tree per row even when it finds nothing) unless the
+-- visitor is a customer's or has an identity link. Version 8 replaced the unguarded one.
+DROP TRIGGER IF EXISTS first_touch_new_session_visitor;
+CREATE TRIGGER IF NOT EXISTS first_touch_new_session_visitor AFTER INSERT ON session_visitors
+    WHEN EXISTS (SELECT 1 FROM customers
+                  WHERE site_id = NEW.site_id AND visitor_id = CAST(NEW.visitor_id AS TEXT))
+      OR EXISTS (SELECT 1 FROM visitor_identities
+                  WHERE site_id = NEW.site_id AND visitor_id = NEW.visitor_id)
+BEGIN
+    INSERT INTO first_touch_refresh (site_id, customer_id)
+    SELECT site_id, customer_id FROM customers
+     WHERE site_id = NEW.site_id AND visitor_id = CAST(NEW.visitor_id AS TEXT)
+    UNION
+    SELECT c.site_id, c.customer_id
+      FROM visitor_identities vi CROSS JOIN customers c
+     WHERE vi.site_id = NEW.site_id AND vi.visitor_id = NEW.visitor_id
+       AND c.site_id = vi.site_id AND c.user_id = vi.uid;
+END;
+
+-- An event older than a session's start arrived late and became its first event.
+CREATE TRIGGER IF NOT EXISTS first_touch_earlier_session AFTER UPDATE OF started_at ON sessions
+    WHEN NEW.started_at < OLD.started_at
+BEGIN
+    INSERT INTO first_touch_refresh (site_id, customer_id)
+    SELECT c.site_id, c.customer_id
+      FROM session_visitors sv CROSS JOIN customers c
+     WHERE sv.session_id = NEW.id AND c.site_id = sv.site_id
+       AND c.visitor_id = CAST(sv.visitor_id AS TEXT)
+    UNION
+    SELECT c.site_id, c.customer_id
+      FROM session_visitors sv CROSS JOIN visitor_identities vi CROSS JOIN customers c
+     WHERE sv.session_id = NEW.id AND vi.site_id = sv.site_id AND vi.visitor_id = sv.visitor_id
+       AND c.site_id = vi.site_id AND c.user_id = vi.uid;
+END;
+
+-- Customers stored before these tables existed get their first touch when the schema
+-- is applied (a no-op on a new database).
+INSERT INTO first_touch_refresh (site_id, customer_id) SELECT site_id, customer_id FROM customers;
+
+-- Reports (issue 7) ----------------------------------------------------------
+-- MRR reads, for a subscription stored without an amount, its latest succeeded charge
+-- before an instant: a seek here instead of a walk over the site's payments.
+CREATE INDEX IF NOT EXISTS payments_subscription
+    ON payments (site_id, subscription_id, paid_at_ms) WHERE subscription_id IS NOT NULL;
+
+-- Traffic of a UTC day (days since 1970-01-01), stored once the day can no longer change
+-- (reports/days.py): the day's totals; and per breakdown dimension, a row saying its
+-- values are stored, then one row per value.
+CREATE TABLE IF NOT EXISTS traffic_days (
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    day         INTEGER NOT NULL,
+    visitors    INTEGER NOT NULL CHECK (visitors >= 0),
+    pageviews   INTEGER NOT NULL CHECK (pageviews >= 0),
+    sessions    INTEGER NOT NULL CHECK (sessions >= 0),
+    events      INTEGER NOT NULL CHECK (events >= 0),
+    bounces     INTEGER NOT NULL CHECK (bounces BETWEEN 0 AND sessions),
+    duration_ms INTEGER NOT NULL CHECK (duration_ms >= 0),
+    PRIMARY KEY (site_id, day)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS traffic_day_dimensions (
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    day         INTEGER NOT NULL,
+    dimension   TEXT    NOT NULL CHECK (dimension IN ('channel', 'source', 'entry_page', 'page',
+                                        'country', 'device', 'browser', 'os', 'event')),
+    PRIMARY KEY (site_id, dimension, day)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS traffic_day_values (
+    site_id     INTEGER NOT NULL,
+    day         INTEGER NOT NULL,
+    dimension   TEXT    NOT NULL,
+    value       TEXT,
+    visitors    INTEGER NOT NULL CHECK (visitors >= 0),
+    pageviews   INTEGER NOT NULL CHECK (pageviews >= 0),
+    events      INTEGER NOT NULL CHECK (events >= 0),
+    FOREIGN KEY (site_id, dimension, day) REFERENCES traffic_day_dimensions (site_id, dimension, day)
+);
+CREATE INDEX IF NOT EXISTS traffic_day_values_read ON traffic_day_values (site_id, dimension, day);
+
+PRAGMA user_version = 8;
