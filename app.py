@@ -24,9 +24,11 @@ from api.payments import PaymentsResource
 from api.records import CustomerRecord, PaymentRecord
 from api.stats import add_stats_routes
 from config import Config
+from integrations.stripe.webhook import StripeWebhook
 from storage.db import Database
 from storage.directory import Directory
 from storage.payments import PaymentStore
+from storage.stripe import StripeStore
 
 
 class Health:
@@ -73,6 +75,8 @@ class Tally:
         self.wsgi.add_route("/api/v1/payments", PaymentsResource(self.auth, PaymentStore(db, clock)))
         self.wsgi.add_route("/api/v1/payments/{payment_id}", PaymentRecord(self.auth, db))
         self.wsgi.add_route("/api/v1/customers/{customer_id}", CustomerRecord(self.auth, db))
+        self.stripe_webhook = StripeWebhook(self.directory, StripeStore(db, clock))
+        self.wsgi.add_route("/api/v1/integrations/stripe/{site_id}", self.stripe_webhook)
         add_stats_routes(self.wsgi, self.auth, db, clock)  # GET /api/v1/stats/* (issue 7)
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
 

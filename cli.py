@@ -7,7 +7,9 @@ Errors print one line on stderr and exit non-zero.
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
+import re
 import sqlite3
 import sys
 import time
@@ -25,6 +27,10 @@ from reports.text import mrr_lines, revenue_lines, traffic_lines
 from storage.check import run_checks
 from storage.db import Database, StorageError
 from storage.directory import SCOPES, Directory, InvalidArgument, NotFound
+from storage.stripe import StripeStore
+
+STRIPE_SECRET_MAX_CHARS = 256
+STRIPE_SECRET = re.compile(r"whsec_[A-Za-z0-9+/=_-]{1,250}")
 
 
 class CliError(Exception):
@@ -72,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--site", metavar="SITE_ID")
     revoke = key.add_parser("revoke", help="revoke a key")
     revoke.add_argument("key_id", metavar="KEY_ID")
+
+    stripe = commands.add_parser("stripe", help="Stripe webhook secrets").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    set_secret = stripe.add_parser(
+        "set-secret", help="set a site's webhook signing secret, read from standard input")
+    set_secret.add_argument("--site", required=True, metavar="SITE_ID")
+    remove = stripe.add_parser("remove", help="remove a site's webhook signing secret")
+    remove.add_argument("--site", required=True, metavar="SITE_ID")
 
     report = commands.add_parser("report", help="revenue, MRR and traffic of a site").add_subparsers(
         dest="action", required=True, metavar="REPORT")
@@ -221,6 +235,38 @@ def _key_list(args, ctx):
 def _key_revoke(args, ctx):
     result = ctx.directory.revoke_key(args.key_id)
     return result, [f"revoked {args.key_id}"]
+
+
+def _stripe_site(args, ctx):
+    site = ctx.directory.find_site(args.site)
+    if site is None:
+        raise NotFound(f"no site {args.site}")
+    return site
+
+
+@command("stripe", "set-secret")
+def _stripe_set_secret(args, ctx):
+    site = _stripe_site(args, ctx)
+    if sys.stdin.isatty():
+        secret = getpass.getpass("Stripe webhook signing secret (whsec_...): ")
+    else:
+        secret = sys.stdin.readline(STRIPE_SECRET_MAX_CHARS + 2)
+    secret = secret.strip()
+    if not STRIPE_SECRET.fullmatch(secret):
+        # Never echo what was read: it may be a real secret pasted in the wrong place.
+        raise CliError("the secret must be the endpoint's signing secret: whsec_ followed by "
+                       f"1-{STRIPE_SECRET_MAX_CHARS - 6} letters, digits or +/=_-")
+    mark = StripeStore(ctx.db, ctx.clock).set_secret(site.id, secret)
+    return ({"site": args.site, "fingerprint": mark},
+            [f"Stripe webhook secret set for {args.site} (fingerprint {mark})"])
+
+
+@command("stripe", "remove")
+def _stripe_remove(args, ctx):
+    site = _stripe_site(args, ctx)
+    removed = StripeStore(ctx.db, ctx.clock).remove_secret(site.id)
+    line = "removed" if removed else "had none"
+    return {"site": args.site, "removed": removed}, [f"Stripe webhook secret {line}: {args.site}"]
 
 
 def _run_reports(args, ctx, *reports: tuple[str, dict]) -> list[dict]:

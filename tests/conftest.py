@@ -103,11 +103,12 @@ def bearer(secret: str) -> dict:
     return {"Authorization": f"Bearer {secret}"}
 
 
-def run_cli(*args: str, db: str, check: bool = True, env: dict | None = None):
-    """The real `tally` console script, as an outside user runs it."""
+def run_cli(*args: str, db: str, check: bool = True, env: dict | None = None,
+            input_text: str | None = None):
+    """The real `tally` console script, as an outside user runs it (stdin: input_text)."""
     full_env = {**os.environ, "TALLY_DB": db, **(env or {})}
     proc = subprocess.run([str(BIN / "tally"), *args], capture_output=True, text=True,
-                          env=full_env, cwd=REPO, timeout=60)
+                          env=full_env, cwd=REPO, timeout=60, input=input_text or "")
     if check and proc.returncode != 0:
         raise AssertionError(f"tally {' '.join(args)} failed: {proc.stderr}")
     return proc

@@ -13,8 +13,10 @@ import webtest
 
 from app import create_app
 from config import Config
+from storage.stripe import StripeStore
 from tests.conftest import FakeClock, bearer
 from tests.routes import event, operations, payment
+from tests.stripe_events import charge, sign, stripe_event
 from tests.test_openapi import PENDING, template
 
 JSON = {"Content-Type": "application/json"}
@@ -142,6 +144,29 @@ def breakdown(world):
         assert get(world, f"/api/v1/stats/breakdown?by={by}")["data"]["rows"] == []
 
 
+def stripe_webhook(world):
+    """A delivery signed with A's webhook secret is refused at B's URL (B has its own
+    secret, or none), and B's API key is no way into A's webhook."""
+    a, b = world["a"], world["b"]
+    store = StripeStore(world["db"], FakeClock())
+    store.set_secret(site_row_id(world, a["id"]), "whsec_siteA")
+    event = stripe_event("charge.succeeded", charge("ch_x", 100, customer="cus_x",
+                                                    created="2026-09-21"), created=1)
+    payload = orjson.dumps(event)
+    before = rows(world, "SELECT count(*) FROM payments")
+    for secret_b in (None, "whsec_siteB"):
+        if secret_b:
+            store.set_secret(site_row_id(world, b["id"]), secret_b)
+        resp = world["client"].post(f"/api/v1/integrations/stripe/{b['id']}", payload,
+                                    headers={"Stripe-Signature": sign(payload, "whsec_siteA"), **JSON},
+                                    expect_errors=True)
+        assert resp.status_int == 400, resp.body
+    resp = world["client"].post(f"/api/v1/integrations/stripe/{a['id']}", payload,
+                                headers=b["headers"], expect_errors=True)
+    assert resp.status_int == 400
+    assert rows(world, "SELECT count(*) FROM payments") == before
+
+
 CASES = {
     ("GET", "/healthz"): health,
     ("GET", "/api/v1/openapi.json"): openapi,
@@ -150,6 +175,7 @@ CASES = {
     ("POST", "/api/v1/payments"): write_payments,
     ("GET", "/api/v1/payments/{payment_id}"): read_payment,
     ("GET", "/api/v1/customers/{customer_id}"): read_customer,
+    ("POST", "/api/v1/integrations/stripe/{site_id}"): stripe_webhook,
     ("GET", "/api/v1/stats/revenue"): revenue,
     ("GET", "/api/v1/stats/mrr"): mrr,
     ("GET", "/api/v1/stats/mrr/movements"): mrr_movements,

@@ -1,0 +1,1 @@
+"""Integrations that turn other services' notifications into Tally's records."""

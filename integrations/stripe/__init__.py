@@ -1,0 +1,1 @@
+"""Stripe webhooks: `mapping` (pure: events to Tally writes) and `webhook` (the route)."""
