@@ -1,7 +1,8 @@
 """Where a visit came from: referrer host, UTM values and click ids -> a named source.
 
 Pure functions over the data in attribution/data/sources.json (built by
-attribution/build_sources.py from Matomo's CC0 lists and Tally's curated lists).
+attribution/build_sources.py from Google's list of source categories, Matomo's lists and
+Tally's curated lists).
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ _CLICK_ID_SOURCES = (
 )
 _WWW_OR_MOBILE = re.compile(r"^(?:www\d*\.|m\.)+")
 _PORT = re.compile(r":\d*$")
+# Labels that keep a subdomain of a search engine that engine: words for its search
+# pages (images.search.yahoo.com, html.duckduckgo.com) and the numbered servers they
+# run on (s3-us3.ixquick.com). A two-letter country code counts too
+# (it.images.search.yahoo.com).
+_SEARCH_LABEL = re.compile(r"^(?:search|images?|img|videos?|html|lite|s\d+(?:-[a-z]+\d*)?)$")
+# Second-level labels under a country code that a registrant's name sits below
+# (yelp.co.uk, yandex.com.tr, biglobe.ne.jp).
+_SECOND_LEVEL = frozenset({"co", "com", "ne", "or", "org", "net", "ac", "go", "gov", "edu"})
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,7 @@ class SourceCatalog:
                  countries: Iterable[str]):
         self._hosts = {pattern: Source(*entry) for pattern, entry in hosts.items()}
         self._names = {name: Source(*entry) for name, entry in names.items()}
+        self._countries = frozenset(countries)
         codes = "|".join(sorted(countries, key=lambda c: (-len(c), c)))
         self._country_tld = re.compile(rf"(?:\.(?:com|org|net|co|it|edu))?\.(?:{codes})$")
         self._country_subdomain = re.compile(rf"^(?:{codes})\.")
@@ -57,8 +67,11 @@ class SourceCatalog:
         """The known source of a (normalized) host, or None.
 
         Tries the host itself, then without www./m., each with country codes replaced
-        by `{}`; then, except for search engines (accounts.google.com is no search),
-        the parent domains, so l.facebook.com is Facebook and m.youtube.com YouTube.
+        by `{}`; then the parent domains, nearest first, so l.facebook.com is Facebook
+        and m.youtube.com YouTube. A search engine's subdomain is that engine only when
+        every label it adds is a search word, a server number or a country code
+        (it.images.search.yahoo.com, s3-us3.ixquick.com); any other label makes it
+        another site (accounts.google.com, mail.yahoo.com).
         """
         base = _WWW_OR_MOBILE.sub("", host)
         for candidate in (host, base):
@@ -69,18 +82,28 @@ class SourceCatalog:
         for start in range(1, len(labels) - 1):
             for pattern in self._patterns(".".join(labels[start:])):
                 found = self._hosts.get(pattern)
-                if found is not None and found.category != "search":
+                if found is None:
+                    continue
+                if found.category != "search" or all(
+                        self._is_search_label(label) for label in labels[:start]):
                     return found
         return None
 
+    def _is_search_label(self, label: str) -> bool:
+        return label in self._countries or _SEARCH_LABEL.match(label) is not None
+
     def by_name(self, value: str) -> Source | None:
-        """The known source a utm_source value names: 'google', 'fb', 'facebook.com'."""
+        """The known source a utm_source value names, in any case: 'google', 'fb', a known
+        name with a domain ending ('Reddit.com', 'zalo.vn': the name wins over the host,
+        so 'rakuten.com' is Rakuten like 'rakuten'), else a known host ('t.co')."""
         key = value.strip().lower()
-        if key in self._names:
-            return self._names[key]
-        if "." in key:
-            return self.by_host(normalize_host(key))
-        return None
+        found = self._names.get(key)
+        if found is not None or "." not in key:
+            return found
+        host = normalize_host(key)
+        stem = domain_stem(strip_www_or_mobile(host))
+        found = self._names.get(stem) if stem else None
+        return found or self.by_host(host)
 
     def _patterns(self, host: str) -> list[str]:
         tld = self._country_tld.sub(".{}", host)
@@ -102,6 +125,21 @@ def normalize_host(host: str) -> str:
     if value.count(":") == 1:
         value = _PORT.sub("", value)
     return value.rstrip(".")
+
+
+def strip_www_or_mobile(host: str) -> str:
+    return _WWW_OR_MOBILE.sub("", host)
+
+
+def domain_stem(host: str) -> str | None:
+    """The registrant's label of a bare domain: 'reddit.com', 'yelp.co.uk' -> 'reddit',
+    'yelp'; None for a deeper host ('old.reddit.com') or a single label."""
+    labels = host.split(".")
+    if len(labels) == 2 and labels[0]:
+        return labels[0]
+    if len(labels) == 3 and len(labels[2]) == 2 and labels[1] in _SECOND_LEVEL and labels[0]:
+        return labels[0]
+    return None
 
 
 def strip_www(host: str) -> str:
@@ -134,7 +172,8 @@ def resolve_source(
 ) -> Source | None:
     """The source of a visit, or None (a direct visit).
 
-    utm_source wins as sent; else a known referrer's canonical name (google.co.uk ->
+    utm_source wins: the display name of the source it names (reddit, Reddit.com ->
+    Reddit), else as sent; else a known referrer's display name (google.co.uk ->
     Google, t.co -> Twitter), else the referrer host without www.; referrers from the
     site's own hosts and from localhost count as none. Last, a click id alone names its
     network (gclid -> Google, msclkid -> Bing, fbclid -> Facebook).
@@ -142,8 +181,7 @@ def resolve_source(
     catalog = catalog or default_catalog()
     if utm_source and utm_source.strip():
         name = utm_source.strip()
-        known = catalog.by_name(name)
-        return Source(name, known.category if known else None)
+        return catalog.by_name(name) or Source(name)
     host = normalize_host(referrer_host) if referrer_host else ""
     if host and not is_local(host) and not is_own_host(host, site_hosts):
         return catalog.by_host(host) or Source(strip_www(host))

@@ -24,7 +24,7 @@ SOURCE_CASES = [
     ("www.google.com:443", None, (), Source("Google", "search")),
     ("bing.com", None, (), Source("Bing", "search")),
     ("www.bing.com", None, (), Source("Bing", "search")),
-    ("de.search.yahoo.com", None, (), Source("Yahoo!", "search")),
+    ("de.search.yahoo.com", None, (), Source("Yahoo", "search")),
     ("duckduckgo.com", None, (), Source("DuckDuckGo", "search")),
     ("t.co", None, (), Source("Twitter", "social")),
     ("x.com", None, (), Source("Twitter", "social")),
@@ -66,14 +66,15 @@ SOURCE_CASES = [
     (None, None, (), None),
     # A subdomain of the site is another site.
     ("blog.example.com", None, (), Source("blog.example.com")),
-    # utm_source wins, as sent, with the category of what it names.
+    # utm_source wins: a known source under its display name, anything else as sent.
     ("google.com", "newsletter", (), Source("newsletter")),
-    (None, "google", (), Source("google", "search")),
+    (None, "google", (), Source("Google", "search")),
     (None, "Facebook", (), Source("Facebook", "social")),
-    (None, "fb", (), Source("fb", "social")),
-    (None, "youtube", (), Source("youtube", "video")),
-    (None, "reddit.com", (), Source("reddit.com", "social")),
+    (None, "fb", (), Source("Facebook", "social")),
+    (None, "youtube", (), Source("YouTube", "video")),
+    (None, "reddit.com", (), Source("Reddit", "social")),
     (None, "  partner-x  ", (), Source("partner-x")),
+    (None, "Partner-X", (), Source("Partner-X")),
     (None, "", (), None),
     # A click id alone names its network.
     (None, None, ("gclid",), Source("Google", "search")),
@@ -192,8 +193,8 @@ VISIT_CASES = [
     ("localhost:8000", {}, (), (None, "Direct")),
     ("www.some-blog.io", {}, (), ("some-blog.io", "Referral")),
     (None, {"utm_source": "newsletter", "utm_medium": "email"}, (), ("newsletter", "Email")),
-    ("google.com", {"utm_source": "google", "utm_medium": "cpc"}, (), ("google", "Paid Search")),
-    (None, {"utm_source": "amazon", "utm_medium": "cpc"}, (), ("amazon", "Paid Shopping")),
+    ("google.com", {"utm_source": "google", "utm_medium": "cpc"}, (), ("Google", "Paid Search")),
+    (None, {"utm_source": "amazon", "utm_medium": "cpc"}, (), ("Amazon", "Paid Shopping")),
 ]
 
 
