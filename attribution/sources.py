@@ -32,6 +32,8 @@ _PORT = re.compile(r":\d*$")
 # run on (s3-us3.ixquick.com). A two-letter country code counts too
 # (it.images.search.yahoo.com).
 _SEARCH_LABEL = re.compile(r"^(?:search|images?|img|videos?|html|lite|s\d+(?:-[a-z]+\d*)?)$")
+# Labels that Matomo's `{}` takes in with a country code: google.{} is google.co.uk.
+_UNDER_COUNTRY = frozenset({"com", "org", "net", "co", "it", "edu"})
 # Second-level labels under a country code that a registrant's name sits below
 # (yelp.co.uk, yandex.com.tr, biglobe.ne.jp).
 _SECOND_LEVEL = frozenset({"co", "com", "ne", "or", "org", "net", "ac", "go", "gov", "edu"})
@@ -54,9 +56,6 @@ class SourceCatalog:
         self._hosts = {pattern: Source(*entry) for pattern, entry in hosts.items()}
         self._names = {name: Source(*entry) for name, entry in names.items()}
         self._countries = frozenset(countries)
-        codes = "|".join(sorted(countries, key=lambda c: (-len(c), c)))
-        self._country_tld = re.compile(rf"(?:\.(?:com|org|net|co|it|edu))?\.(?:{codes})$")
-        self._country_subdomain = re.compile(rf"^(?:{codes})\.")
 
     @classmethod
     def load(cls, path: Traversable = SOURCES_JSON) -> SourceCatalog:
@@ -106,10 +105,23 @@ class SourceCatalog:
         return found or self.by_host(host)
 
     def _patterns(self, host: str) -> list[str]:
-        tld = self._country_tld.sub(".{}", host)
-        sub = self._country_subdomain.sub("{}.", host)
-        both = self._country_subdomain.sub("{}.", tld)
-        return list(dict.fromkeys((host, tld, sub, both)))
+        """The host, with its country-code ending (.de, .co.uk, .com.br) as `{}`, with its
+        country-code first label (de.search.yahoo.com) as `{}`, and with both."""
+        labels = host.split(".")
+        if len(labels) < 2:
+            return [host]
+        countries = self._countries
+        patterns = [host]
+        tld = labels
+        if labels[-1] in countries:
+            cut = len(labels) - (2 if len(labels) > 2 and labels[-2] in _UNDER_COUNTRY else 1)
+            tld = [*labels[:cut], "{}"]
+            patterns.append(".".join(tld))
+        if labels[0] in countries:
+            patterns.append(".".join(["{}", *labels[1:]]))
+        if tld is not labels and len(tld) > 1 and tld[0] in countries:
+            patterns.append(".".join(["{}", *tld[1:]]))
+        return patterns
 
 
 @lru_cache(maxsize=1)
