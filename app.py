@@ -77,7 +77,7 @@ class Tally:
         self.wsgi.add_route("/api/v1/customers/{customer_id}", CustomerRecord(self.auth, db))
         self.stripe_webhook = StripeWebhook(self.directory, StripeStore(db, clock))
         self.wsgi.add_route("/api/v1/integrations/stripe/{site_id}", self.stripe_webhook)
-        add_stats_routes(self.wsgi, self.auth, db, clock)  # GET /api/v1/stats/* (issue 7)
+        add_stats_routes(self.wsgi, self.auth, db, clock)
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
 
     def __call__(self, environ, start_response):

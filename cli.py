@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 import orjson
 
 from config import Config, ConfigError
-from quota.plans import PLAN_NAMES
 from quota.usage import account_usage, month_of
 from reports.money import json_ready
 from reports.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter
@@ -26,8 +25,9 @@ from reports.service import run_report
 from reports.text import mrr_lines, revenue_lines, traffic_lines
 from storage.check import run_checks
 from storage.db import Database, StorageError
-from storage.directory import SCOPES, Directory, InvalidArgument, NotFound
+from storage.directory import Directory, InvalidArgument, NotFound
 from storage.stripe import StripeStore
+from vocabulary import PLAN_NAMES, SCOPES
 
 STRIPE_SECRET_MAX_CHARS = 256
 STRIPE_SECRET = re.compile(r"whsec_[A-Za-z0-9+/=_-]{1,250}")

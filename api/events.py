@@ -18,9 +18,8 @@ from enrichment.enricher import Enricher
 from enrichment.visitor import utc_day
 from ingest.flusher import Flusher
 from ingest.queue import Accepted, EventQueue
-from quota.plans import PLANS
-from quota.usage import QuotaGuard, UtcMonths, seconds_until_next_month
-from validation.event import IDENTIFY, MAX_BODY_BYTES, InvalidEvent, parse_events
+from quota.usage import QuotaGuard, UtcMonths, counted_events, seconds_until_next_month
+from validation.event import MAX_BODY_BYTES, InvalidEvent, parse_events
 
 MAX_SITE_ID_LENGTH = 64
 
@@ -56,7 +55,6 @@ class EventsResource:
         # (step 5): a refusal aborts the request, so one pass does both.
         hosts, is_bot = site.hosts, self.bots.is_bot
         kept: list = []
-        counted = 0
         for index, event in enumerate(events):
             if event.host not in hosts:
                 field = "u" if "b" not in body else f"b[{index}].u"
@@ -65,15 +63,14 @@ class EventsResource:
             if event.ua is not None and is_bot(event.ua):
                 continue
             kept.append(event)
-            if event.name != IDENTIFY:
-                counted += 1
 
         month = self.months.name(now)
         usage_key = (site.account_id, month)
-        if self.quota.used(usage_key) >= PLANS[site.plan].cap:
+        if self.quota.over_cap(usage_key, site.plan):
             raise quota_exceeded(seconds_until_next_month(now))
 
         if kept:
+            counted = counted_events(kept)
             unit = Accepted(site.id, site.account_id, month, utc_day(received_ms), kept, counted)
             self.quota.hold(usage_key, counted)
             if not self.flusher.submit(unit):

@@ -1,4 +1,4 @@
-"""Sources, channels, sessions and first-touch attribution (issue 6)."""
+"""Sources, channels, sessions and first-touch attribution."""
 
 from __future__ import annotations
 

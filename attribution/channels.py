@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from vocabulary import UNATTRIBUTED
+
 DIRECT = "Direct"
-UNATTRIBUTED = "Unattributed"
 
 CHANNELS = (
     "Direct", "Cross-network", "Paid Shopping", "Paid Search", "Paid Social", "Paid Video",

@@ -1,7 +1,7 @@
-"""Reading first-touch attribution: one customer's, or every customer's channel at once.
+"""First-touch attribution as the API shows it: one customer's, or every customer's channel.
 
-customer_first_touch is kept current by triggers (schema.sql, issue 6 section), so
-reading it is a join, never a walk over links.
+The first-touch session itself is read by storage.sessions (customer_first_touch, kept
+current by triggers in schema.sql), so reading it is a join, never a walk over links.
 """
 
 from __future__ import annotations
@@ -10,15 +10,8 @@ import sqlite3
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from attribution.channels import UNATTRIBUTED
-from attribution.sessions import UTM_KEYS
-
-_FIRST_SESSION = (
-    "SELECT s.channel, s.source, s.referrer, s.landing_page, s.utm_source, s.utm_medium,"
-    " s.utm_campaign, s.utm_term, s.utm_content, s.started_at"
-    " FROM customer_first_touch ft JOIN sessions s ON s.id = ft.session_id"
-    " WHERE ft.site_id = ? AND ft.customer_id = ?"
-)
+from storage.sessions import first_channels, first_session
+from vocabulary import UNATTRIBUTED, UTM_KEYS
 
 
 def unattributed() -> dict:
@@ -34,7 +27,7 @@ def unattributed() -> dict:
 
 def customer_attribution(conn: sqlite3.Connection, site_id: int, customer_id: str) -> dict:
     """{"channel", "source", "referrer", "landing_page", "utm": {...}, "first_seen"}."""
-    row = conn.execute(_FIRST_SESSION, (site_id, customer_id)).fetchone()
+    row = first_session(conn, site_id, customer_id)
     if row is None:
         return unattributed()
     channel, source, referrer, landing_page, *utm, started_at = row
@@ -54,22 +47,8 @@ def customer_channels(conn: sqlite3.Connection, site_id: int,
 
     Customers without a linked session map to "Unattributed".
     """
-    if customer_ids is None:
-        rows = conn.execute(
-            "SELECT ft.customer_id, s.channel FROM customer_first_touch ft"
-            " LEFT JOIN sessions s ON s.id = ft.session_id WHERE ft.site_id = ?",
-            (site_id,),
-        )
-        return {customer: channel or UNATTRIBUTED for customer, channel in rows}
-    channels = {}
-    for customer in dict.fromkeys(customer_ids):
-        row = conn.execute(
-            "SELECT s.channel FROM customer_first_touch ft JOIN sessions s ON s.id = ft.session_id"
-            " WHERE ft.site_id = ? AND ft.customer_id = ?",
-            (site_id, customer),
-        ).fetchone()
-        channels[customer] = row[0] if row else UNATTRIBUTED
-    return channels
+    return {customer: channel or UNATTRIBUTED
+            for customer, channel in first_channels(conn, site_id, customer_ids).items()}
 
 
 def rfc3339_ms(ms: int) -> str:

@@ -30,12 +30,9 @@ from typing import NamedTuple
 import orjson
 
 from attribution import Touch, classify_visit
+from storage.directory import site_hosts
 from storage.sparse import SparseInsert
-
-SESSION_GAP_MS = 30 * 60 * 1000
-IDENTIFY = "$identify"
-PAGEVIEW = "pageview"
-UTM_KEYS = ("utm_source", "utm_medium", "utm_campaign", "utm_term", "utm_content")
+from vocabulary import IDENTIFY, PAGEVIEW, SESSION_GAP_MS, UTM_KEYS
 
 
 class Hit(NamedTuple):
@@ -334,5 +331,4 @@ class SessionWriter:
 
 
 def hosts_of_site(conn: sqlite3.Connection, site_id: int) -> frozenset[str]:
-    rows = conn.execute("SELECT host FROM site_hosts WHERE site_id = ?", (site_id,))
-    return frozenset(r[0] for r in rows)
+    return frozenset(site_hosts(conn, site_id))

@@ -19,7 +19,6 @@ from importlib.resources.abc import Traversable
 SOURCES_JSON = files(__package__) / "data" / "sources.json"
 
 CATEGORIES = ("search", "social", "video", "shopping", "ai")
-CLICK_IDS = ("gclid", "gbraid", "wbraid", "msclkid", "fbclid")
 # A click id alone (no utm_source, no usable referrer) still names the network that added it.
 _CLICK_ID_SOURCES = (
     ("gclid", "Google"), ("gbraid", "Google"), ("wbraid", "Google"),

@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl
 
-UTM_PARAMS = ("utm_source", "utm_medium", "utm_campaign", "utm_term", "utm_content")
-CLICK_ID_PARAMS = ("gclid", "gbraid", "wbraid", "msclkid", "fbclid")
-CAMPAIGN_PARAMS = UTM_PARAMS + CLICK_ID_PARAMS
+from vocabulary import CAMPAIGN_PARAMS
+
 NO_CAMPAIGN = (None,) * len(CAMPAIGN_PARAMS)
 # scheme://[userinfo@]host: group 1 is the host (any scheme: android-app:// referrers too).
 _AUTHORITY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#@]*@)?(\[[^\]/?#]*\]|[^/?#:]+)")

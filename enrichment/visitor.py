@@ -14,8 +14,9 @@ import sqlite3
 from collections.abc import Callable
 
 from storage.db import Database
+from storage.salts import delete_salts_before, insert_salt, read_salt
+from vocabulary import DAY_MS
 
-DAY_MS = 86_400_000
 SALT_BYTES = 32
 
 
@@ -55,14 +56,11 @@ class VisitorSalts:
     def salt(self, conn: sqlite3.Connection, day: int) -> bytes:
         salt = self._salts.get(day)
         if salt is None:
-            salt = self._read(conn, day)
+            salt = read_salt(conn, day)
             if salt is None:
                 with self.db.transaction(conn):
-                    conn.execute(
-                        "INSERT OR IGNORE INTO visitor_salts (day, salt, created_at) VALUES (?, ?, ?)",
-                        (day, self.random_bytes(SALT_BYTES), int(self.clock() * 1000)),
-                    )
-                salt = self._read(conn, day)
+                    insert_salt(conn, day, self.random_bytes(SALT_BYTES), int(self.clock() * 1000))
+                salt = read_salt(conn, day)
             self._salts[day] = salt
         return salt
 
@@ -72,12 +70,7 @@ class VisitorSalts:
         if self._pruned_on == today:
             return False
         with self.db.transaction(conn):
-            conn.execute("DELETE FROM visitor_salts WHERE day < ?", (today - 1,))
+            delete_salts_before(conn, today - 1)
         self._salts = {day: salt for day, salt in self._salts.items() if day >= today - 1}
         self._pruned_on = today
         return True
-
-    @staticmethod
-    def _read(conn: sqlite3.Connection, day: int) -> bytes | None:
-        row = conn.execute("SELECT salt FROM visitor_salts WHERE day = ?", (day,)).fetchone()
-        return row[0] if row else None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vocabulary import PLAN_NAMES
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -18,4 +20,4 @@ PLANS: dict[str, Plan] = {
     "growth": Plan("growth", 1_000_000, 2_000_000),
     "scale": Plan("scale", 10_000_000, 20_000_000),
 }
-PLAN_NAMES = tuple(PLANS)
+assert tuple(PLANS) == PLAN_NAMES, "quota.plans.PLANS and vocabulary.PLAN_NAMES differ"

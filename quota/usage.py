@@ -11,14 +11,15 @@ from __future__ import annotations
 import calendar
 import math
 import re
-import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from quota.plans import PLANS
 from storage.db import Database
 from storage.directory import InvalidArgument, NotFound
+from storage.usage import account_month, read_usage
+from vocabulary import IDENTIFY
 
 MONTH_PATTERN = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])")
 UsageKey = tuple[int, str]  # (account id, "YYYY-MM")
@@ -43,6 +44,11 @@ def seconds_until_next_month(now: float) -> int:
     return max(1, math.ceil(month_bounds(now)[2] - now))
 
 
+def counted_events(events: Iterable) -> int:
+    """How many of the events count toward the monthly quota: all but `$identify`."""
+    return sum(1 for event in events if event.name != IDENTIFY)
+
+
 class UtcMonths:
     """month_of() that recomputes only when `now` leaves the month it last answered for."""
 
@@ -53,13 +59,6 @@ class UtcMonths:
         if not self._start <= now < self._end:
             self._name, self._start, self._end = month_bounds(now)
         return self._name
-
-
-def read_usage(conn: sqlite3.Connection, account_id: int, month: str) -> int:
-    row = conn.execute(
-        "SELECT events FROM monthly_usage WHERE account_id = ? AND month = ?", (account_id, month)
-    ).fetchone()
-    return row[0] if row else 0
 
 
 class QuotaGuard:
@@ -79,6 +78,10 @@ class QuotaGuard:
         # still in _unstored, so such a read is not kept.
         self._epoch = 0
         self._committing = False
+
+    def over_cap(self, key: UsageKey, plan: str) -> bool:
+        """Whether the account has used its plan's monthly cap (spec: 429 quota_exceeded)."""
+        return self.used(key) >= PLANS[plan].cap
 
     def used(self, key: UsageKey) -> int:
         now = self.clock()
@@ -139,12 +142,7 @@ def account_usage(db: Database, account_public_id: str, month: str) -> dict:
     """What `tally usage` prints: the account's events in a month against its plan."""
     if not MONTH_PATTERN.fullmatch(month):
         raise InvalidArgument(f"--month must look like 2026-09, not {month!r}")
-    row = db.conn().execute(
-        "SELECT a.plan, COALESCE(u.events, 0) FROM accounts a"
-        " LEFT JOIN monthly_usage u ON u.account_id = a.id AND u.month = ?"
-        " WHERE a.public_id = ?",
-        (month, account_public_id),
-    ).fetchone()
+    row = account_month(db.conn(), account_public_id, month)
     if row is None:
         raise NotFound(f"no account {account_public_id}")
     plan = PLANS[row[0]]

@@ -20,9 +20,10 @@ import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from reports.params import DAY_MS, DateRange, day_start_ms
+from reports.params import DateRange, day_start_ms
 from reports.traffic import BreakdownCount, SessionTotals
 from storage.db import Database, StorageError
+from vocabulary import DAY_MS
 
 log = logging.getLogger("tally")
 

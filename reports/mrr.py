@@ -24,7 +24,7 @@ from typing import NamedTuple, Protocol
 
 from reports.money import apportion, exact_decimals, round_money, to_minor
 from reports.params import DateRange, day_start_ms, end_of_day_ms
-from reports.revenue import UNATTRIBUTED
+from vocabulary import UNATTRIBUTED
 
 COUNTING_STATUSES = frozenset({"active", "past_due"})
 YEARLY_FACTORS = {"day": 365, "week": 52, "month": 12, "year": 1}

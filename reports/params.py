@@ -12,6 +12,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
+from vocabulary import DAY_MS
+
 DEFAULT_DAYS = 30
 MAX_DAYS = 366
 DEFAULT_LIMIT = 100
@@ -19,7 +21,6 @@ MAX_LIMIT = 1000
 BREAKDOWN_DIMENSIONS = (
     "channel", "source", "page", "entry_page", "country", "device", "browser", "os", "event",
 )
-DAY_MS = 86_400_000
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _LIMIT = re.compile(r"\d{1,7}")

@@ -24,20 +24,21 @@ from reports.mrr import (
     mrr_movements,
 )
 from reports.params import DateRange, end_of_day_ms
-from reports.revenue import UNATTRIBUTED, PaymentRow, revenue_by_currency
+from reports.revenue import PaymentRow, revenue_by_currency
 from reports.traffic import breakdown_rows, traffic_aggregate
 from storage.db import Database
+from storage.sessions import first_touch_join
+from vocabulary import UNATTRIBUTED
 
-# A customer's first-touch channel is the session customer_first_touch names (kept current
-# by the attribution triggers in schema.sql); no row or no session means Unattributed.
+# A customer's first-touch channel is that of its first-touch session (storage.sessions);
+# no such session means Unattributed.
 # Payments alike (same customer, kind, currency, amount and fee: a subscription's monthly
 # charges) come as one row with their count, so Python adds up far fewer rows.
 _REVENUE_PAYMENTS = (
-    "SELECT p.customer_id, p.kind, p.currency, p.amount, p.fee, count(*), fs.channel"
+    "SELECT p.customer_id, p.kind, p.currency, p.amount, p.fee, count(*), fs.channel"  # noqa: S608 - fixed alias
     " FROM payments p"
-    " LEFT JOIN customer_first_touch ft ON ft.site_id = p.site_id AND ft.customer_id = p.customer_id"
-    " LEFT JOIN sessions fs ON fs.id = ft.session_id"
-    " WHERE p.site_id = ? AND p.paid_at_ms >= ? AND p.paid_at_ms < ? AND p.status = 'succeeded'"
+    + first_touch_join("p")  # sql-safe: a fixed alias
+    + " WHERE p.site_id = ? AND p.paid_at_ms >= ? AND p.paid_at_ms < ? AND p.status = 'succeeded'"
     " GROUP BY p.customer_id, p.kind, p.currency, p.amount, p.fee"
 )
 
@@ -46,7 +47,7 @@ _REVENUE_PAYMENTS = (
 # subscription_observations_sub, with its latest succeeded charge in that currency before
 # the instant when it has no amount (payments_subscription, schema.sql's reports section).
 _STATES_AT = (
-    "SELECT o.subscription_id, o.customer_id, o.currency, o.status, o.amount, o.interval,"
+    "SELECT o.subscription_id, o.customer_id, o.currency, o.status, o.amount, o.interval,"  # noqa: S608 - fixed alias
     " o.plan, o.started_at_ms, o.ended_at_ms,"
     " CASE WHEN o.amount IS NULL THEN ("
     "  SELECT p.amount FROM payments p"
@@ -61,9 +62,8 @@ _STATES_AT = (
     "   WHERE o2.site_id = s.site_id AND o2.subscription_id = s.subscription_id"
     "     AND o2.effective_at_ms < ?1"
     "   ORDER BY o2.effective_at_ms DESC, o2.id DESC LIMIT 1)"
-    " LEFT JOIN customer_first_touch ft ON ft.site_id = o.site_id AND ft.customer_id = o.customer_id"
-    " LEFT JOIN sessions fs ON fs.id = ft.session_id"
-    " WHERE s.site_id = ?2"
+    + first_touch_join("o")  # sql-safe: a fixed alias
+    + " WHERE s.site_id = ?2"
     " AND (?3 IS NULL OR s.subscription_id IN (SELECT value FROM json_each(?3)))"
 )
 

@@ -8,9 +8,7 @@ from decimal import Decimal
 from typing import NamedTuple
 
 from reports.money import exact_decimals, round_money
-
-UNATTRIBUTED = "Unattributed"
-KINDS = ("charge", "refund", "chargeback")
+from vocabulary import UNATTRIBUTED
 
 
 class PaymentRow(NamedTuple):

@@ -1,6 +1,6 @@
 """Traffic figures: the aggregate of a date range and breakdowns by one dimension.
 
-SQL does the counting (reports.queries); these functions give the counts their
+SQL does the counting (reports.days); these functions give the counts their
 public shape, so the rules for ratios, rounding and ordering live in one place.
 """
 

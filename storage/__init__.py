@@ -1,5 +1,2 @@
-"""SQLite storage: one file in WAL mode shared by every worker and the CLI."""
-
-from storage.db import Database, StorageBusy, StorageError
-
-__all__ = ["Database", "StorageError", "StorageBusy"]
+"""The ground floor: the SQLite file, its schema, and every SQL statement of Tally
+(besides the reports' query modules). Imports nothing above it (tests/test_layers.py)."""

@@ -15,9 +15,9 @@ import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-PAST_SKEW_MS = 3_600_000  # ts may be up to an hour before the receipt
-FUTURE_SKEW_MS = 60_000  # and up to a minute after it
-UNCOUNTED_EVENTS = ("$identify",)
+from vocabulary import IDENTIFY, TS_FUTURE_MS, TS_PAST_MS
+
+UNCOUNTED_EVENTS = (IDENTIFY,)
 
 # Counted events per account and UTC month of ts, with the boundary events that may
 # have been received (so counted) in the month before or after.
@@ -76,7 +76,7 @@ def usage_mismatches(conn: sqlite3.Connection) -> tuple[list[dict], int]:
     may_leave_early: dict[tuple[int, str], int] = {}  # could be counted in the month before
     may_leave_late: dict[tuple[int, str], int] = {}  # could be counted in the month after
     for account, month, count, early, late in conn.execute(
-        EVENTS_BY_MONTH, (FUTURE_SKEW_MS, PAST_SKEW_MS, *UNCOUNTED_EVENTS)
+        EVENTS_BY_MONTH, (TS_FUTURE_MS, TS_PAST_MS, *UNCOUNTED_EVENTS)
     ):
         stored[(account, month)] = count
         may_leave_early[(account, month)] = early

@@ -108,6 +108,16 @@ class Database:
                 raise _storage_error(exc) from exc
             raise
 
+    @contextmanager
+    def snapshot(self, conn: sqlite3.Connection | None = None):
+        """A read transaction (BEGIN ... COMMIT): every query inside sees one state."""
+        conn = conn or self.conn()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
     def check_startup(self) -> None:
         """Open, apply the schema, run a quick integrity check and prove the file is
         writable (SQLite opens a read-only file without complaint), or raise StorageError."""

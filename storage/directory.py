@@ -11,10 +11,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from quota.plans import PLAN_NAMES
 from storage.db import Database
+from vocabulary import PLAN_NAMES, SCOPES
 
-SCOPES = ("events", "payments", "read")
 KEY_PREFIX = "tly_"
 # tly_ followed by 32 random bytes in unpadded base64url (256 bits).
 KEY_PATTERN = re.compile(r"tly_[A-Za-z0-9_-]{43}")
@@ -165,10 +164,7 @@ class Directory:
 
     @staticmethod
     def _hosts(conn: sqlite3.Connection, site_id: int) -> list[str]:
-        rows = conn.execute(
-            "SELECT host FROM site_hosts WHERE site_id = ? ORDER BY host", (site_id,)
-        )
-        return [r[0] for r in rows]
+        return site_hosts(conn, site_id)
 
     # keys ----------------------------------------------------------------
     def create_key(self, site_id: str, scopes: Iterable[str]) -> dict:
@@ -237,6 +233,12 @@ class Directory:
         if row is None or not secrets.compare_digest(row[5], secret_hash):
             return None
         return KeyRecord(row[0], row[1], row[2], frozenset(row[3].split(",")), row[4] is not None)
+
+
+def site_hosts(conn: sqlite3.Connection, site_id: int) -> list[str]:
+    """The site's hostnames, sorted."""
+    rows = conn.execute("SELECT host FROM site_hosts WHERE site_id = ? ORDER BY host", (site_id,))
+    return [r[0] for r in rows]
 
 
 def _check_plan(plan: str) -> None:

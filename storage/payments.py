@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from decimal import Decimal
 
 import orjson
 
@@ -193,3 +194,70 @@ def _money_text(value) -> str | None:
 
 def _json_text(value: dict | None) -> str | None:
     return None if value is None else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+# Reading one payment or customer of a site, for GET /api/v1/payments/{id} and
+# /api/v1/customers/{id}; callers read them inside Database.snapshot().
+_CUSTOMER = (
+    "SELECT customer_id, email, user_id, visitor_id, name, country, metadata FROM customers"
+    " WHERE site_id = ? AND customer_id = ?"
+)
+_PAYMENT = (
+    "SELECT payment_id, customer_id, amount, currency, fee, kind, status, paid_at, metadata"
+    " FROM payments WHERE site_id = ? AND payment_id = ?"
+)
+_SUBSCRIPTION = (
+    "SELECT subscription_id, plan, interval, status, amount, started_at, current_period_end,"
+    " canceled_at, ended_at FROM subscription_observations WHERE site_id = ? AND payment_id = ?"
+)
+_SUCCEEDED_AMOUNTS = (
+    "SELECT currency, kind, amount FROM payments"
+    " WHERE site_id = ? AND customer_id = ? AND status = 'succeeded'"
+)
+
+
+def find_payment(conn: sqlite3.Connection, site_id: int, payment_id: str) -> dict | None:
+    """The payment's own fields (amount and fee as Decimal, metadata parsed), or None."""
+    row = conn.execute(_PAYMENT, (site_id, payment_id)).fetchone()
+    if row is None:
+        return None
+    return {
+        "payment_id": row[0], "customer_id": row[1], "amount": Decimal(row[2]),
+        "currency": row[3], "fee": None if row[4] is None else Decimal(row[4]), "kind": row[5],
+        "status": row[6], "paid_at": row[7], "metadata": _json_value(row[8]),
+    }
+
+
+def find_customer(conn: sqlite3.Connection, site_id: int, customer_id: str) -> dict | None:
+    row = conn.execute(_CUSTOMER, (site_id, customer_id)).fetchone()
+    if row is None:
+        return None
+    return {
+        "id": row[0], "email": row[1], "user_id": row[2], "visitor_id": row[3],
+        "name": row[4], "country": row[5], "metadata": _json_value(row[6]),
+    }
+
+
+def find_payment_subscription(conn: sqlite3.Connection, site_id: int,
+                              payment_id: str) -> dict | None:
+    """The subscription block stored with this payment (started_at defaulted), or None."""
+    row = conn.execute(_SUBSCRIPTION, (site_id, payment_id)).fetchone()
+    if row is None:
+        return None
+    return {
+        "id": row[0], "plan": row[1], "interval": row[2], "status": row[3],
+        "amount": None if row[4] is None else Decimal(row[4]),
+        "started_at": row[5], "current_period_end": row[6], "canceled_at": row[7],
+        "ended_at": row[8],
+    }
+
+
+def succeeded_amounts(conn: sqlite3.Connection, site_id: int,
+                      customer_id: str) -> list[tuple[str, str, Decimal]]:
+    """(currency, kind, amount) of each succeeded payment of the customer."""
+    return [(currency, kind, Decimal(amount)) for currency, kind, amount in
+            conn.execute(_SUCCEEDED_AMOUNTS, (site_id, customer_id))]
+
+
+def _json_value(text: str | None):
+    return None if text is None else orjson.loads(text)

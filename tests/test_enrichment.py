@@ -8,9 +8,10 @@ import pytest
 from enrichment.agents import AgentParser, BotFilter, describe_agent
 from enrichment.memo import Memo
 from enrichment.urls import campaign, pathname, url_host
-from enrichment.visitor import DAY_MS, VisitorSalts, utc_day, visitor_id
+from enrichment.visitor import VisitorSalts, utc_day, visitor_id
 from storage.db import Database
 from tests.conftest import FakeClock, counting_bytes
+from vocabulary import DAY_MS
 
 CHROME_WINDOWS = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko)"
                   " Chrome/120.0.0.0 Safari/537.36")

@@ -13,8 +13,9 @@ import pytest
 
 from attribution.first_touch import customer_attribution, customer_channels
 from attribution.sessions import Hit, SessionWriter
-from enrichment.urls import CLICK_ID_PARAMS, campaign, url_host
+from enrichment.urls import campaign, url_host
 from tests.conftest import bearer
+from vocabulary import CLICK_IDS
 
 T0 = int(datetime(2026, 9, 21, 12, 0, tzinfo=UTC).timestamp() * 1000)
 MIN = 60_000
@@ -25,7 +26,7 @@ PAGE = "https://example.com/pricing"
 def make_hit(site_id, ts, visitor, name, url, referrer=None, uid=None, previous=None) -> Hit:
     """A Hit with the URL pieces parsed the way enrichment parses them for the events table."""
     found = campaign(url)
-    clicks = tuple(key for key, value in zip(CLICK_ID_PARAMS, found[5:], strict=True) if value)
+    clicks = tuple(key for key, value in zip(CLICK_IDS, found[5:], strict=True) if value)
     return Hit(site_id, visitor, ts, name, url, urlsplit(url).path or "/", referrer,
                url_host(referrer), found[:5], clicks, uid, previous)
 

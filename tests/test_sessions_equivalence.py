@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from attribution.sessions import Hit, SessionWriter, hosts_of_site
 from enrichment.enricher import Enricher
-from enrichment.urls import CLICK_ID_PARAMS, campaign, pathname, url_host
+from enrichment.urls import campaign, pathname, url_host
 from enrichment.visitor import utc_day
 from ingest.queue import Accepted
 from storage.db import Database, schema
@@ -37,6 +37,7 @@ from storage.events import write_batch
 from tests.conftest import FakeClock, counting_bytes
 from tests.sessions_reference import ReferenceSessionWriter, reference_write_batch
 from validation.event import IDENTIFY, parse_events
+from vocabulary import CLICK_IDS
 
 MIDNIGHT = int(datetime(2026, 9, 22, tzinfo=UTC).timestamp() * 1000)
 MIN = 60_000
@@ -78,7 +79,7 @@ def visitor(person: int, day: int) -> int:
 
 def make_hit(site_id, ts, person, day, previous, name, url, referrer, uid) -> Hit:
     found = campaign(url)
-    clicks = tuple(key for key, value in zip(CLICK_ID_PARAMS, found[5:], strict=True) if value)
+    clicks = tuple(key for key, value in zip(CLICK_IDS, found[5:], strict=True) if value)
     visitor_id = None if person is None else visitor(person, day)
     previous_id = None if person is None or not previous else visitor(person, day - 1)
     return Hit(site_id, visitor_id, ts, name, url, pathname(url, url.index("/", 8)), referrer,
