@@ -15,9 +15,8 @@ from collections.abc import Callable
 
 import falcon
 
-from api import errors
-from api.auth import Authenticator
-from api.bodies import write_json
+from api import errors, media
+from api.auth import Authenticator, key_scope
 from api.events import build_events
 from api.openapi import OpenApiDocument
 from api.payments import PaymentsResource
@@ -36,8 +35,8 @@ class Health:
         self.db = db
 
     def on_get(self, req, resp):
-        self.db.conn().execute("SELECT 1").fetchone()
-        write_json(resp, {"ok": True, "data": {"status": "ok"}})
+        self.db.ping()
+        resp.media = {"ok": True, "data": {"status": "ok"}}
 
 
 class CurrentKey:
@@ -46,10 +45,11 @@ class CurrentKey:
     def __init__(self, auth: Authenticator):
         self.auth = auth
 
+    @falcon.before(key_scope(None))
     def on_get(self, req, resp):
-        key = self.auth.authenticate(req.get_header("Authorization"), scope=None)
+        key = req.context.key
         data = {"id": key.public_id, "site": key.site_public_id, "scopes": sorted(key.scopes)}
-        write_json(resp, {"ok": True, "data": data})
+        resp.media = {"ok": True, "data": data}
 
 
 class Tally:
@@ -62,9 +62,11 @@ class Tally:
         self.clock = clock
         self.random_bytes = random_bytes
         self.directory = Directory(db, clock, random_bytes)
-        self.auth = Authenticator(self.directory, clock)
+        self.auth = Authenticator(self.directory, clock, ttl=config.cache_ttl,
+                                  max_entries=config.cache_entries)
         self.services: list = []
         self.wsgi = falcon.App(media_type="application/json")
+        media.install(self.wsgi)
         errors.install(self.wsgi)
         self.wsgi.add_route("/healthz", Health(db))
         self.wsgi.add_route("/api/v1/key", CurrentKey(self.auth))
@@ -101,7 +103,8 @@ def create_app(
     random_bytes: Callable[[int], bytes] = secrets.token_bytes,
 ) -> Tally:
     config = config or Config()
-    return Tally(config, db or Database(config.db_path), clock, random_bytes)
+    db = db or Database(config.db_path, busy_timeout_ms=config.busy_timeout_ms)
+    return Tally(config, db, clock, random_bytes)
 
 
 def create_app_from_env() -> Tally:

@@ -132,7 +132,7 @@ class Context:
     def __init__(self, config: Config, clock: Callable[[], float] = time.time):
         self.config = config
         self.clock = clock
-        self.db = Database(config.db_path)
+        self.db = Database(config.db_path, busy_timeout_ms=config.busy_timeout_ms)
         self.directory = Directory(self.db, clock)
 
 

@@ -20,6 +20,12 @@ class Config:
     queue_max: int = 10_000
     flush_interval: float = 1.0
     log_level: str = "INFO"
+    # Tuning, set in code (no environment variable): defaults the tests and benches rely on.
+    cache_ttl: float = 1.0  # seconds a key, site or shared usage count is reused (revocation bound)
+    cache_entries: int = 10_000  # per in-process cache; a full cache starts over
+    busy_timeout_ms: int = 5_000  # a request-path write waits this long for the lock, then 503
+    flush_busy_timeout_ms: int = 1_000  # the flush thread's wait, before it backs off and retries
+    flush_backoff: tuple[float, float] = (0.05, 1.0)  # first and longest pause between retries
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:

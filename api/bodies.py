@@ -50,8 +50,3 @@ def nested_deeper_than(value, levels: int) -> bool:
             return True
     return False
 
-
-def write_json(resp: falcon.Response, payload: dict, status: int = 200) -> None:
-    resp.status = status
-    resp.content_type = "application/json"
-    resp.data = orjson.dumps(payload)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from api.auth import Authenticator
+import falcon
+
+from api.auth import Authenticator, key_scope
 from api.bodies import parse_json, read_limited
 from api.caches import TTLCache
 from api.errors import forbidden, invalid_input, not_found, quota_exceeded, rate_limited
@@ -35,8 +37,9 @@ class EventsResource:
         self.clock = clock
         self.months = UtcMonths()
 
+    @falcon.before(key_scope("events"))
     def on_post(self, req, resp):
-        key = self.auth.authenticate(req.get_header("Authorization"), "events")
+        key = req.context.key
         body = parse_json(read_limited(req, MAX_BODY_BYTES))
         now = self.clock()
         received_ms = int(now * 1000)
@@ -82,8 +85,10 @@ class EventsResource:
 def build_events(config, db, auth: Authenticator, directory, clock: Callable[[], float],
                  random_bytes: Callable[[int], bytes]) -> EventsResource:
     """The resource with its queue, flush thread (`.flusher`, not started) and quota guard."""
-    quota = QuotaGuard(db, clock)
+    quota = QuotaGuard(db, clock, ttl=config.cache_ttl, max_entries=config.cache_entries)
     flusher = Flusher(db, EventQueue(config.queue_max), Enricher(db, clock, random_bytes),
                       interval=config.flush_interval, quota=quota)
-    sites = TTLCache(directory.find_site, clock, ttl=1.0)
-    return EventsResource(auth, sites, BotFilter(), quota, flusher, clock)
+    flusher.busy_timeout_ms, flusher.backoff = config.flush_busy_timeout_ms, config.flush_backoff
+    sites = TTLCache(directory.find_site, clock, ttl=config.cache_ttl,
+                     max_entries=config.cache_entries)
+    return EventsResource(auth, sites, BotFilter(config.cache_entries), quota, flusher, clock)

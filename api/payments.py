@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from api.auth import Authenticator
-from api.bodies import parse_json, read_limited, write_json
+import falcon
+
+from api.auth import Authenticator, key_scope
+from api.bodies import parse_json, read_limited
 from api.errors import ApiError, invalid_input, rate_limited
 from storage.db import StorageBusy, StorageError
 from storage.payments import PaymentStore
@@ -21,8 +23,9 @@ class PaymentsResource:
         self.auth = auth
         self.store = store
 
+    @falcon.before(key_scope("payments"))
     def on_post(self, req, resp):
-        key = self.auth.authenticate(req.get_header("Authorization"), scope="payments")
+        key = req.context.key
         body = parse_json(read_limited(req, PAYMENT_BODY_LIMIT))
         try:
             payment = validate_payment(body)
@@ -37,4 +40,4 @@ class PaymentsResource:
             log.error("storing payment %s for site %s failed: %s", payment.payment_id,
                       key.site_public_id, exc)
             raise ApiError(500, "internal_error", "the payment could not be stored; retry later") from None
-        write_json(resp, {"ok": True, "data": {"payment_id": payment.payment_id}})
+        resp.media = {"ok": True, "data": {"payment_id": payment.payment_id}}

@@ -10,10 +10,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 from decimal import Decimal
 
-from api.auth import Authenticator
+import falcon
+
+from api.auth import Authenticator, key_scope
 from api.errors import not_found
 from attribution.first_touch import customer_attribution
-from reports.money import dumps, round_money
+from reports.money import round_money
 from storage.db import Database
 from storage.payments import (
     find_customer,
@@ -28,8 +30,9 @@ class PaymentRecord:
         self.auth = auth
         self.db = db
 
+    @falcon.before(key_scope("read"))
     def on_get(self, req, resp, payment_id: str):
-        key = self.auth.authenticate(req.get_header("Authorization"), scope="read")
+        key = req.context.key
         with self.db.snapshot() as conn:
             payment = find_payment(conn, key.site_id, payment_id)
             if payment is None:
@@ -41,7 +44,7 @@ class PaymentRecord:
                 "subscription": find_payment_subscription(conn, key.site_id, payment_id),
                 "attribution": customer_attribution(conn, key.site_id, customer_id),
             }
-        _write(resp, data)
+        resp.media = {"ok": True, "data": data}
 
 
 class CustomerRecord:
@@ -49,8 +52,9 @@ class CustomerRecord:
         self.auth = auth
         self.db = db
 
+    @falcon.before(key_scope("read"))
     def on_get(self, req, resp, customer_id: str):
-        key = self.auth.authenticate(req.get_header("Authorization"), scope="read")
+        key = req.context.key
         with self.db.snapshot() as conn:
             customer = find_customer(conn, key.site_id, customer_id)
             if customer is None:
@@ -60,7 +64,7 @@ class CustomerRecord:
                 "attribution": customer_attribution(conn, key.site_id, customer_id),
                 "totals": customer_totals(succeeded_amounts(conn, key.site_id, customer_id)),
             }
-        _write(resp, data)
+        resp.media = {"ok": True, "data": data}
 
 
 def customer_totals(payments: Iterable[tuple[str, str, Decimal]]) -> dict:
@@ -85,9 +89,3 @@ def customer_totals(payments: Iterable[tuple[str, str, Decimal]]) -> dict:
         }
         for currency in sorted(counts)
     }
-
-
-def _write(resp, data: dict) -> None:
-    resp.status = 200
-    resp.content_type = "application/json"
-    resp.data = dumps({"ok": True, "data": data})

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from api.auth import Authenticator
+import falcon
+
+from api.auth import Authenticator, key_scope
 from api.errors import invalid_input
-from reports.money import dumps
 from reports.params import InvalidReportParameter
 from reports.service import run_report
 from storage.db import Database
@@ -33,16 +34,14 @@ class StatsResource:
         self.db = db
         self.clock = clock
 
+    @falcon.before(key_scope("read"))
     def on_get(self, req, resp):
-        key = self.auth.authenticate(req.get_header("Authorization"), scope="read")
         try:
-            data = run_report(self.report, self.db, key.site_id, req.params, self.clock())
+            data = run_report(self.report, self.db, req.context.key.site_id, req.params,
+                              self.clock())
         except InvalidReportParameter as exc:
             raise invalid_input(str(exc)) from None
-        resp.status = 200
-        resp.content_type = "application/json"
-        # Money is Decimal: dumps writes it as an exact JSON number.
-        resp.data = dumps({"ok": True, "data": data})
+        resp.media = {"ok": True, "data": data}
 
 
 def add_stats_routes(app, auth: Authenticator, db: Database, clock: Callable[[], float]) -> None:

@@ -84,6 +84,10 @@ class Database:
             local.pid = os.getpid()
         return local.conn
 
+    def ping(self) -> None:
+        """One trivial query: raises when the database cannot be read."""
+        self.conn().execute("SELECT 1").fetchone()
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
