@@ -24,13 +24,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("reports",),  # figures for the stats endpoints and `tally report`
     ("ingest",),  # the events queue and its flush pipeline
     ("api",),  # HTTP resources
-    ("app", "cli"),  # wiring: the WSGI application and the `tally` command
-    ("gunicorn.conf",),  # the server's hooks around the application
+    ("app",),  # wiring: the WSGI application and its background services
+    ("gunicorn.conf", "serving"),  # the server's hooks around the application; `tally serve`
+    ("cli",),  # the `tally` command
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 
-# Tooling outside the service: it may import anything.
-OUTSIDE = {"tests", "bench", "scripts"}
+# Tooling and the separate client library, outside the service: they may import anything.
+OUTSIDE = {"tests", "bench", "scripts", "clients"}
 
 # Modules that may hold SQL text besides storage/.
 SQL_MODULES = {"reports/queries.py", "reports/days.py"}
