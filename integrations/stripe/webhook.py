@@ -15,7 +15,7 @@ import threading
 
 import stripe
 
-from api.bodies import parse_json, read_limited, write_json
+from api.bodies import parse_json, read_limited
 from api.errors import ApiError, invalid_input, rate_limited
 from integrations.stripe.mapping import UnusableEvent, map_event
 from storage.db import StorageBusy, StorageError
@@ -67,7 +67,7 @@ class StripeWebhook:
             count = self.ignored.add(mapped.type)
             log.info("stripe: ignored event type %s for site %s (%d of this type in this worker)",
                      mapped.type[:80], site_id, count)
-            write_json(resp, {"ok": True, "data": {"id": mapped.event_id, "status": "ignored"}})
+            resp.media = {"ok": True, "data": {"id": mapped.event_id, "status": "ignored"}}
             return
         try:
             applied = self.store.apply(site.id, mapped)
@@ -78,7 +78,7 @@ class StripeWebhook:
                       site_id, exc)
             raise ApiError(500, "internal_error", "the event could not be stored; retry later") from None
         status = "applied" if applied else "duplicate"
-        write_json(resp, {"ok": True, "data": {"id": mapped.event_id, "status": status}})
+        resp.media = {"ok": True, "data": {"id": mapped.event_id, "status": status}}
 
 
 def _verify(payload: bytes, header: str | None, secret: str) -> None:
