@@ -40,7 +40,7 @@ _SECOND_LEVEL = frozenset({"co", "com", "ne", "or", "org", "net", "ac", "go", "g
 
 @dataclass(frozen=True)
 class Source:
-    """name: shown to people (utm_source as sent, a canonical name, or a host).
+    """name: shown to people (a known source's display name, else utm_source as sent or a host).
     category: one of CATEGORIES when the source is a known site, else None."""
 
     name: str

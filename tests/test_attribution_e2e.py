@@ -6,12 +6,16 @@ flush with flush_now(); the slow test does the same against a real gunicorn.
 
 from __future__ import annotations
 
+import csv
 import time
+from collections import Counter
 from datetime import UTC, datetime
+from urllib.parse import urlencode
 
 import orjson
 import pytest
 
+from attribution.build_sources import GOOGLE_LIST
 from tests.conftest import bearer, http
 
 UA = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
@@ -81,6 +85,36 @@ def test_pageviews_then_identify_then_payment_is_organic_search(api):
     customer = api.get("/api/v1/customers/cus_1")
     assert customer["attribution"] == attribution
     assert customer["totals"] == {"EUR": {"paid": 30, "refunded": 0, "net": 30, "payments": 1}}
+
+
+def test_every_source_on_googles_list_pays_in_ga4s_channel(api):
+    """As a user would: a visit with utm_source = each entry of Google's list of source
+    categories and no medium, then a payment of the visitor; the revenue report counts
+    each payment in the channel GA4 gives that source."""
+    with open(GOOGLE_LIST, encoding="utf-8", newline="") as handle:
+        entries = [(row["source"], row["source_category"]) for row in csv.DictReader(handle)]
+    ga4 = {"SOURCE_CATEGORY_SEARCH": "Organic Search", "SOURCE_CATEGORY_SOCIAL": "Organic Social",
+           "SOURCE_CATEGORY_SHOPPING": "Organic Shopping",
+           "SOURCE_CATEGORY_VIDEO": "Organic Video"}
+    s = api.site_id
+    events = []
+    for n, (source, _) in enumerate(entries):
+        ip = f"198.18.{n // 250}.{n % 250 + 1}"
+        url = "https://example.com/?" + urlencode({"utm_source": source})
+        events += [pageview(s, url, ip=ip), identify(s, f"ga4-{n}", ip=ip)]
+    for start in range(0, len(events), 20):  # 20 events stay within 8 KiB
+        api.events(*events[start:start + 20])
+    api.flush()
+    for n in range(len(entries)):
+        api.pay(charge(f"pay_ga4_{n}", {"id": f"cus_ga4_{n}", "user_id": f"ga4-{n}"}, amount=1))
+
+    revenue = api.get("/api/v1/stats/revenue?from=2026-09-21&to=2026-09-21")
+    by_channel = {row["channel"]: row["payments"] for row in revenue["currencies"]["EUR"]["by_channel"]}
+    assert by_channel == dict(Counter(ga4[category] for _, category in entries))
+    yahoo = next(n for n, (source, _) in enumerate(entries) if source == "yahoo")
+    attribution = api.get(f"/api/v1/payments/pay_ga4_{yahoo}")["attribution"]
+    assert (attribution["source"], attribution["channel"]) == ("Yahoo", "Organic Search")
+    assert attribution["utm"]["source"] == "yahoo"
 
 
 def test_a_late_identify_re_attributes_the_payment_and_its_refund(api):

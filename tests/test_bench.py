@@ -14,7 +14,7 @@ import pytest
 import webtest
 from crawlerdetect import CrawlerDetect
 
-from bench import bodies, results, run
+from bench import bodies, results, run, source_cost
 from bench.ceiling_app import create_app
 from tests.conftest import BIN, REPO
 
@@ -164,3 +164,10 @@ def test_slowest_report_is_the_reports_figure():
     table = results.text_table(doc)
     assert "traffic reports (aggregate, breakdowns)" in table and "(breakdown by page)" in table
     assert "money reports (revenue, mrr, movements)" in table
+
+
+def test_source_cost_times_both_tables(capsys):
+    assert source_cost.main(["--rounds", "1", "--runs", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0].strip() for line in lines] == ["referrer", "utm_source"]
+    assert "(819 distinct visits)" in lines[1]
