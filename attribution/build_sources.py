@@ -98,12 +98,16 @@ def source_lists(curated: dict | None = None) -> dict[str, dict[str, list[str]]]
     }
 
 
-def _label(pattern: str) -> str | None:
-    """'google.{}' and 'reddit.com' -> 'google', 'reddit'; deeper hosts have no label."""
+def _label(pattern: str, name: str) -> str | None:
+    """'google.{}' and 'reddit.com' -> 'google', 'reddit': a utm_source value naming
+    the source. Only a label that starts the source's name, or that the name starts
+    (youtu.be, discordapp.com), names it: Matomo lists friends.nyc.mn and wow.com under
+    Mastodon and Google, but utm_source=friends is no Mastodon. Deeper hosts have none."""
     labels = pattern.split(".")
-    if len(labels) == 2 and len(labels[0]) >= 2 and labels[0] != "{}":
-        return labels[0]
-    return None
+    if len(labels) != 2 or len(labels[0]) < 2 or labels[0] == "{}":
+        return None
+    label, plain = labels[0], "".join(c for c in name.lower() if c.isalnum())
+    return label if plain.startswith(label) or label.startswith(plain) else None
 
 
 def _tally_lists(lists: dict, curated: dict) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -121,7 +125,7 @@ def _tally_lists(lists: dict, curated: dict) -> tuple[dict[str, list[str]], dict
                 if "/" in pattern:  # host plus path: we classify by host only
                     continue
                 hosts[pattern] = entry
-                label = _label(pattern)
+                label = _label(pattern, name)
                 if label:
                     labels[label] = entry
     for pattern in curated["not_sources"]:

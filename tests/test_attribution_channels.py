@@ -75,6 +75,13 @@ SOURCE_CASES = [
     (None, "reddit.com", (), Source("Reddit", "social")),
     (None, "  partner-x  ", (), Source("partner-x")),
     (None, "Partner-X", (), Source("Partner-X")),
+    # A label of a host in Matomo's lists names a source only when it is the source's
+    # name (google.de, youtu.be); friends.nyc.mn is a Mastodon server, shop.app Shopify's.
+    (None, "youtu", (), Source("YouTube", "video")),
+    (None, "friends", (), Source("friends")),
+    (None, "wow", (), Source("wow")),
+    (None, "shop", (), Source("shop")),
+    (None, "shop.app", (), Source("Shopify", "shopping")),
     (None, "", (), None),
     # A click id alone names its network.
     (None, None, ("gclid",), Source("Google", "search")),
