@@ -17,10 +17,12 @@ import falcon
 
 from api import errors, media
 from api.auth import Authenticator, key_scope
+from api.collect import CollectResource
 from api.events import build_events
 from api.openapi import OpenApiDocument
 from api.payments import PaymentsResource
 from api.records import CustomerRecord, PaymentRecord
+from api.script import TrackerScript
 from api.stats import add_stats_routes
 from config import Config
 from integrations.stripe.webhook import StripeWebhook
@@ -74,6 +76,8 @@ class Tally:
         self.flusher = self.events.flusher
         self.services.append(self.flusher)
         self.wsgi.add_route("/api/v1/events", self.events)
+        self.wsgi.add_route("/api/v1/collect", CollectResource(self.events, config.trusted_proxies))
+        self.wsgi.add_route("/js/tally.js", TrackerScript())
         self.wsgi.add_route("/api/v1/payments", PaymentsResource(self.auth, PaymentStore(db, clock)))
         self.wsgi.add_route("/api/v1/payments/{payment_id}", PaymentRecord(self.auth, db))
         self.wsgi.add_route("/api/v1/customers/{customer_id}", CustomerRecord(self.auth, db))

@@ -5,6 +5,7 @@ Every other module receives a Config (or values taken from it) as an argument.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ class Config:
     busy_timeout_ms: int = 5_000  # a request-path write waits this long for the lock, then 503
     flush_busy_timeout_ms: int = 1_000  # the flush thread's wait, before it backs off and retries
     flush_backoff: tuple[float, float] = (0.05, 1.0)  # first and longest pause between retries
+    # Peers whose X-Forwarded-For POST /api/v1/collect believes (api/client_ip.py).
+    trusted_proxies: tuple = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1"))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -36,7 +39,24 @@ class Config:
             queue_max=_positive_int(env, "TALLY_QUEUE_MAX", defaults.queue_max),
             flush_interval=_positive_float(env, "TALLY_FLUSH_INTERVAL", defaults.flush_interval),
             log_level=(env.get("TALLY_LOG_LEVEL") or defaults.log_level).upper(),
+            trusted_proxies=_networks(env, "TALLY_TRUSTED_PROXIES", defaults.trusted_proxies),
         )
+
+
+def _networks(env: Mapping[str, str], name: str, default: tuple) -> tuple:
+    """Addresses or CIDRs separated by commas or spaces; `none` for no proxy at all."""
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    if raw.strip().lower() == "none":
+        return ()
+    networks = []
+    for item in raw.replace(",", " ").split():
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ConfigError(f"{name}: {item!r} is not an IP address or CIDR") from None
+    return tuple(networks)
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -430,4 +430,27 @@ CREATE TABLE IF NOT EXISTS stripe_objects (
     PRIMARY KEY (site_id, object_id)
 ) WITHOUT ROWID;
 
-PRAGMA user_version = 9;
+-- Browser visitor ids (issue 13) ---------------------------------------------
+-- The script's tally_vid cookie holds a random id; events that carry it are stored under
+-- a keyed hash of (site, that id) with this one secret key, which never rotates, so a
+-- browser stays one visitor across days (enrichment/browser_ids.py).
+CREATE TABLE IF NOT EXISTS browser_id_key (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    key         BLOB    NOT NULL CHECK (length(key) = 32),
+    created_at  INTEGER NOT NULL
+);
+
+-- The day's ip+ua visitor id (daily salt) seen from a browser id's visitor: events
+-- without a browser id from that ip+ua are stored under the browser's visitor. The
+-- latest browser seen wins. Rows of days before yesterday are deleted with the salts.
+CREATE TABLE IF NOT EXISTS browser_links (
+    site_id          INTEGER NOT NULL REFERENCES sites (id),
+    daily_visitor_id INTEGER NOT NULL,
+    visitor_id       INTEGER NOT NULL,
+    day              INTEGER NOT NULL,
+    seen_at          INTEGER NOT NULL,
+    PRIMARY KEY (site_id, daily_visitor_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS browser_links_day ON browser_links (day);
+
+PRAGMA user_version = 10;

@@ -16,11 +16,13 @@ from api.bodies import parse_json, read_limited
 from api.caches import TTLCache
 from api.errors import forbidden, invalid_input, not_found, quota_exceeded, rate_limited
 from enrichment.agents import BotFilter
+from enrichment.browser_ids import BrowserIds, BrowserVisitors
 from enrichment.enricher import Enricher
 from enrichment.visitor import utc_day
 from ingest.flusher import Flusher
 from ingest.queue import Accepted, EventQueue
 from quota.usage import QuotaGuard, UtcMonths, counted_events, seconds_until_next_month
+from storage.events import VISITOR_ID, write_batch
 from validation.event import MAX_BODY_BYTES, InvalidEvent, parse_events
 
 MAX_SITE_ID_LENGTH = 64
@@ -42,18 +44,32 @@ class EventsResource:
         key = req.context.key
         body = parse_json(read_limited(req, MAX_BODY_BYTES))
         now = self.clock()
-        received_ms = int(now * 1000)
+        site_id, events = self.parse(body, now)
+        site = self.find_site(site_id)
+        if site.id != key.site_id:
+            raise forbidden("this API key belongs to another site")
+        self.accept(site, events, body, now)
+        resp.status = 204
+
+    # The steps below are shared with POST /api/v1/collect (api/collect.py).
+    @staticmethod
+    def parse(body, now: float):
         try:
-            site_id, events = parse_events(body, received_ms)
+            return parse_events(body, int(now * 1000))
         except InvalidEvent as exc:
             raise invalid_input(str(exc)) from None
 
+    def find_site(self, site_id: str):
         # No site id is that long: answer without a look-up, so the cache keeps short keys.
         site = self.sites.get(site_id) if len(site_id) <= MAX_SITE_ID_LENGTH else None
         if site is None:
             raise not_found(f"no site {site_id[:64]}")
-        if site.id != key.site_id:
-            raise forbidden("this API key belongs to another site")
+        return site
+
+    def accept(self, site, events: list, body: dict, now: float,
+               browser_id: str | None = None) -> None:
+        """Hostnames, bots, quota and queue for events of `site`; raises the refusal."""
+        received_ms = int(now * 1000)
         # Hostnames (step 4) of every event are checked before any is dropped as a bot
         # (step 5): a refusal aborts the request, so one pass does both.
         hosts, is_bot = site.hosts, self.bots.is_bot
@@ -74,20 +90,26 @@ class EventsResource:
 
         if kept:
             counted = counted_events(kept)
-            unit = Accepted(site.id, site.account_id, month, utc_day(received_ms), kept, counted)
+            unit = Accepted(site.id, site.account_id, month, utc_day(received_ms), kept, counted,
+                            browser_id)
             self.quota.hold(usage_key, counted)
             if not self.flusher.submit(unit):
                 self.quota.release(usage_key, counted)
                 raise rate_limited()
-        resp.status = 204
 
 
 def build_events(config, db, auth: Authenticator, directory, clock: Callable[[], float],
                  random_bytes: Callable[[int], bytes]) -> EventsResource:
     """The resource with its queue, flush thread (`.flusher`, not started) and quota guard."""
     quota = QuotaGuard(db, clock, ttl=config.cache_ttl, max_entries=config.cache_entries)
+    browser_visitors = BrowserVisitors(BrowserIds(db, clock, random_bytes), VISITOR_ID)
+
+    def write(conn, batch):
+        browser_visitors.apply(conn, batch)  # browser ids first: sessions follow visitors
+        write_batch(conn, batch)
+
     flusher = Flusher(db, EventQueue(config.queue_max), Enricher(db, clock, random_bytes),
-                      interval=config.flush_interval, quota=quota)
+                      interval=config.flush_interval, quota=quota, write=write)
     flusher.busy_timeout_ms, flusher.backoff = config.flush_busy_timeout_ms, config.flush_backoff
     sites = TTLCache(directory.find_site, clock, ttl=config.cache_ttl,
                      max_entries=config.cache_entries)

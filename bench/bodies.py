@@ -70,6 +70,23 @@ def single_event_bodies(site: str, count: int = 500, seed: int = 8) -> list[byte
     return bodies
 
 
+def collect_bodies(site: str, count: int = 500, seed: int = 13) -> list[bytes]:
+    """What tally.js posts to /api/v1/collect: single events with a browser id `v`, no ip
+    or ua (the connection and the User-Agent header give them)."""
+    rnd = random.Random(seed)
+    bodies = []
+    for i in range(count):
+        event = {
+            "s": site, "e": "pageview" if i % 5 else "Signup",
+            "u": f"https://www.example.com{rnd.choice(PAGES)}",
+            "r": rnd.choice(REFERRERS), "t": "Example Engineering Blog",
+            "w": rnd.choice((390, 768, 1280, 1440, 1920)), "l": "en-US",
+            "v": f"{rnd.getrandbits(128):032x}",
+        }
+        bodies.append(orjson.dumps(event))
+    return bodies
+
+
 def batch_bodies(site: str, count: int = 200, seed: int = 50) -> list[bytes]:
     """50-event batches under 8 KiB: lean events of about 160 bytes with ip and ua."""
     rnd = random.Random(seed)

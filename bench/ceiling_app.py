@@ -23,7 +23,7 @@ class Accept:
 def create_app() -> falcon.App:
     app = falcon.App()
     accept = Accept()
-    for path in ("/healthz", "/api/v1/events", "/api/v1/payments"):
+    for path in ("/healthz", "/api/v1/events", "/api/v1/collect", "/api/v1/payments"):
         app.add_route(path, accept)
     return app
 

@@ -244,10 +244,14 @@ class Load:
 
 
 def run_wrk(url: str, bodies: Path, load: Load, *, rate_rps: float = 0,
-            key: str | None = None) -> dict:
-    """One wrk run; the figures of bench/lua/post.lua's WRK_JSON line."""
+            key: str | None = None, headers: dict | None = None) -> dict:
+    """One wrk run; the figures of bench/lua/post.lua's WRK_JSON line. `headers`: only
+    User-Agent and Content-Type are passed on."""
+    headers = headers or {}
     env = {**os.environ, "BENCH_BODIES": str(bodies), "BENCH_THREADS": str(load.threads),
-           "BENCH_RATE": f"{rate_rps:.3f}", "BENCH_KEY": key or ""}
+           "BENCH_RATE": f"{rate_rps:.3f}", "BENCH_KEY": key or "",
+           "BENCH_UA": headers.get("User-Agent", ""),
+           "BENCH_CONTENT_TYPE": headers.get("Content-Type", "")}
     args = [wrk_path(), "-t", str(load.threads), "-c", str(load.connections),
             "-d", f"{load.duration}s", "--timeout", "10s", "-s", str(LUA), url]
     proc = subprocess.run(args, capture_output=True, text=True, env=env,

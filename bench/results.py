@@ -48,6 +48,11 @@ def derived_figures(scenarios: dict) -> dict:
     }
     if ceiling and single and ceiling.get("requests_per_s"):
         figures["single_vs_ceiling"] = round(single["requests_per_s"] / ceiling["requests_per_s"], 3)
+    collect = _ok(scenarios.get("collect"))
+    figures["collect_vs_ceiling"] = None
+    if ceiling and collect and ceiling.get("requests_per_s"):
+        figures["collect_vs_ceiling"] = round(
+            collect["requests_per_s"] / ceiling["requests_per_s"], 3)
     if sustained:
         figures["batch_persisted_events_per_s"] = sustained.get("persisted_events_per_s")
         rss = [*sustained.get("peak_rss_mib", []), *at_80.get("peak_rss_mib", [])]
@@ -126,6 +131,9 @@ def table_rows(doc: dict) -> list[list[str]]:
     single = s.get("single")
     add("single events (~600 B, closed loop)", single, "events_per_s",
         f"{_fmt((single or {}).get('events_in_db'))} in db" if _ok(single) else "")
+    collect = s.get("collect")
+    add("collect (tally.js, no key, closed loop)", collect, "events_per_s",
+        f"{_fmt((collect or {}).get('events_in_db'))} in db" if _ok(collect) else "")
     batches = s.get("batches")
     if _ok(batches) and batches.get("sustained"):
         sus = {**batches["sustained"], "status": "ok"}
@@ -184,7 +192,8 @@ def text_table(doc: dict) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
              for r in rows]
     lines += ["", "ratios: single/ceiling "
-              f"{_fmt(doc['figures']['single_vs_ceiling'], 3)}, batch persisted/raw SQLite "
+              f"{_fmt(doc['figures']['single_vs_ceiling'], 3)}, collect/ceiling "
+              f"{_fmt(doc['figures'].get('collect_vs_ceiling'), 3)}, batch persisted/raw SQLite "
               f"{_fmt(doc['figures']['batch_vs_raw_sqlite'], 3)}", "targets:"]
     for t in doc["targets"]:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]

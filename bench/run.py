@@ -35,7 +35,9 @@ from bench.bodies import (
     BATCH_SIZE,
     REFERRERS,
     SITE_HOSTS,
+    USER_AGENTS,
     batch_bodies,
+    collect_bodies,
     payment_bodies,
     single_event_bodies,
 )
@@ -63,7 +65,10 @@ from bench.results import README, RESULTS, assemble, text_table, update_readme, 
 # step between the last sustained rate and the first failure then refines the answer.
 BATCH_LADDER = (10_000, 20_000, 30_000, 40_000, 50_000, 60_000, 70_000, 80_000, 100_000,
                 120_000, 150_000, 200_000)
-SCENARIOS = ("ceiling", "single", "batches", "payments", "sqlite", "flusher", "reports")
+SCENARIOS = ("ceiling", "single", "collect", "batches", "payments", "sqlite", "flusher",
+             "reports")
+# What the tracking script sends to /api/v1/collect (no key; the agent is a header).
+COLLECT_HEADERS = {"User-Agent": USER_AGENTS[0], "Content-Type": "text/plain"}
 # Time bounds that keep a whole run well under ten minutes whatever the code's speed.
 FLUSHER_SECONDS = 150
 SLOW_REPORT_SECONDS = 5
@@ -121,10 +126,10 @@ class Bench:
             raise ScenarioSkipped(f"POST {path} answered {status}: {answer[:200]!r}")
 
     def closed_loop(self, service: Service, path: str, bodies: Path, events_per_request: int,
-                    key: str | None = None) -> dict:
+                    key: str | None = None, headers: dict | None = None) -> dict:
         watch = PersistWatch(self.db_path) if events_per_request and self.db_path else None
         probe = WorkerProbe(service.worker_pids()).start()
-        figures = run_wrk(service.url + path, bodies, self.load, key=key)
+        figures = run_wrk(service.url + path, bodies, self.load, key=key, headers=headers)
         accepted = figures["statuses"].get("204", 0) * events_per_request
         if watch is not None:
             watch.wait_for(watch.start_id + accepted, quiet=self.flush_interval + 0.5,
@@ -149,6 +154,20 @@ class Bench:
         bodies = write_bodies(self.folder / "single.txt", sample)
         before = table_count(self.db_path, "events")
         result = self.closed_loop(tally, "/api/v1/events", bodies, 1, self.key)
+        result["events_in_db"] = table_count(self.db_path, "events") - before
+        result["body_bytes"] = round(sum(map(len, sample)) / len(sample))
+        return result
+
+    def collect(self) -> dict:
+        """The tracking script's endpoint: one event a request, no key, a browser id."""
+        tally = self.start_tally()
+        sample = collect_bodies(self.site)
+        status, answer = http("POST", tally.url + "/api/v1/collect", sample[0], COLLECT_HEADERS)
+        if status != 204:
+            raise ScenarioSkipped(f"POST /api/v1/collect answered {status}: {answer[:200]!r}")
+        bodies = write_bodies(self.folder / "collect.txt", sample)
+        before = table_count(self.db_path, "events")
+        result = self.closed_loop(tally, "/api/v1/collect", bodies, 1, headers=COLLECT_HEADERS)
         result["events_in_db"] = table_count(self.db_path, "events") - before
         result["body_bytes"] = round(sum(map(len, sample)) / len(sample))
         return result

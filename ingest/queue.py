@@ -23,6 +23,8 @@ class Accepted(NamedTuple):
     day: int  # UTC day of the receipt: whose visitor salt applies
     events: list[CleanEvent]
     counted: int  # events that count toward the monthly quota
+    # The tally_vid id the browser sent (POST /api/v1/collect), None from the events API.
+    browser_id: str | None = None
 
 
 class EventQueue:

@@ -7,12 +7,14 @@ payment is on disk. Errors come out as storage.db's StorageBusy / StorageError.
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from collections.abc import Callable
 from decimal import Decimal
 
 import orjson
 
+from storage.browser_ids import browser_id_key, browser_visitor_id, is_browser_id
 from storage.db import Database
 from validation.common import decimal_text
 from validation.payment import Customer, Instant, Payment, Subscription
@@ -135,12 +137,18 @@ class PaymentStore:
 
 
 def write_customer(conn: sqlite3.Connection, site_id: int, customer: Customer, as_of_ms: int,
-                   now_ms: int) -> None:
+                   now_ms: int, random_bytes: Callable[[int], bytes] = secrets.token_bytes) -> None:
     """Insert or merge the customer: values as of an instant at least as new as the stored
-    ones win; older ones only fill empty fields."""
+    ones win; older ones only fill empty fields. A visitor_id that is the tracking script's
+    tally_vid is stored as the visitor id (decimal) its events carry; `random_bytes` makes
+    the browser id key if none exists yet."""
+    visitor = customer.visitor_id
+    if is_browser_id(visitor):
+        key = browser_id_key(conn, random_bytes, now_ms)
+        visitor = str(browser_visitor_id(key, site_id, visitor))
     conn.execute(
         _UPSERT_CUSTOMER,
-        (site_id, customer.id, customer.email, customer.user_id, customer.visitor_id,
+        (site_id, customer.id, customer.email, customer.user_id, visitor,
          customer.name, customer.country, _json_text(customer.metadata), as_of_ms, now_ms,
          now_ms),
     )

@@ -59,4 +59,6 @@ def sample_request(method: str, path: str, site_id: str) -> tuple[str, str, byte
         body = orjson.dumps(payment())
     elif (method, path) == ("POST", "/api/v1/events"):
         body = orjson.dumps(event(site_id))
+    elif (method, path) == ("POST", "/api/v1/collect"):
+        body = orjson.dumps({k: v for k, v in event(site_id).items() if k not in ("ip", "ua")})
     return method, concrete, body

@@ -26,7 +26,7 @@ def map_case(ctx, case):
         return case
     if not isinstance(case.body, dict):
         return case
-    if case.path == "/api/v1/events":
+    if case.path in ("/api/v1/events", "/api/v1/collect"):
         _point_events_at_the_site(case.body)
     elif case.path == "/api/v1/payments":
         _real_codes(case.body)

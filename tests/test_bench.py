@@ -171,3 +171,18 @@ def test_source_cost_times_both_tables(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0].strip() for line in lines] == ["referrer", "utm_source"]
     assert "(819 distinct visits)" in lines[1]
+
+
+def test_collect_bodies_are_what_the_script_sends():
+    from api.collect import COLLECT_FIELDS
+    from enrichment.browser_ids import is_browser_id
+    from validation.event import parse_events
+
+    site = "site_abcdefghijklmnop"
+    for body in bodies.collect_bodies(site, count=20):
+        event = orjson.loads(body)
+        assert len(body) <= 8_192 and set(event) <= COLLECT_FIELDS
+        assert is_browser_id(event.pop("v"))
+        assert parse_events(event, 1_790_000_000_000)[0] == site
+    client = webtest.TestApp(create_app())
+    assert client.post("/api/v1/collect", body, content_type="text/plain", status=204).body == b""

@@ -15,7 +15,7 @@ from app import create_app
 from config import Config
 from storage.stripe import StripeStore
 from tests.conftest import FakeClock, bearer
-from tests.routes import event, operations, payment
+from tests.routes import BROWSER_UA, event, operations, payment
 from tests.stripe_events import charge, sign, stripe_event
 from tests.test_openapi import PENDING, template
 
@@ -90,6 +90,43 @@ def write_events(world):
     assert world["tally"].flusher.flush_now()
     assert rows(world, "SELECT count(*) FROM events WHERE site_id = ?", site_a) == before
     assert rows(world, "SELECT count(*) FROM events WHERE site_id <> ?", site_a) == [(0,)]
+
+
+BROWSER_ID = "00112233445566778899aabbccddeeff"
+
+
+def collect(world):
+    """Public: the site is `s` and the hostname decides. A's browser id is no visitor of B."""
+    a, b, client = world["a"], world["b"], world["client"]
+    site_a = site_row_id(world, a["id"])
+    before = rows(world, "SELECT count(*) FROM events WHERE site_id = ?", site_a)
+    own = {"e": "pageview", "u": "https://b.example/", "v": BROWSER_ID}
+    for body in ({**own, "s": a["id"]},  # A's site with B's hostname
+                 {**own, "s": b["id"], "u": "https://example.com/"}):  # B's site, A's host
+        resp = client.post("/api/v1/collect", orjson.dumps(body), headers=b["headers"],
+                           expect_errors=True)
+        assert resp.status_int == 400, resp.body
+    resp = client.post("/api/v1/collect", orjson.dumps({**own, "s": a["id"],
+                                                        "u": "https://example.com/"}),
+                       headers={"User-Agent": BROWSER_UA}, extra_environ={"REMOTE_ADDR": "1.2.3.4"})
+    assert resp.status_int == 204
+    assert world["tally"].flusher.flush_now()
+    assert rows(world, "SELECT count(*) FROM events WHERE site_id = ?", site_a)[0][0] == (
+        before[0][0] + 1)
+    body = payment("pay_b", "cus_b", customer={"id": "cus_b", "visitor_id": BROWSER_ID})
+    assert client.post("/api/v1/payments", orjson.dumps(body), headers=b["headers"]).status_int == 200
+    assert get(world, "/api/v1/customers/cus_b")["data"]["attribution"]["channel"] == "Unattributed"
+
+
+def collect_preflight(world):
+    resp = world["client"].options("/api/v1/collect", headers=world["b"]["headers"])
+    assert resp.status_int == 204 and resp.body == b""
+
+
+def tracker_script(world):
+    for method in ("get", "head"):
+        resp = getattr(world["client"], method)("/js/tally.js", headers=world["b"]["headers"])
+        assert resp.status_int == 200 and world["a"]["id"].encode() not in resp.body
 
 
 def write_payments(world):
@@ -173,6 +210,10 @@ CASES = {
     ("GET", "/api/v1/key"): current_key,
     ("POST", "/api/v1/events"): write_events,
     ("POST", "/api/v1/payments"): write_payments,
+    ("POST", "/api/v1/collect"): collect,
+    ("OPTIONS", "/api/v1/collect"): collect_preflight,
+    ("GET", "/js/tally.js"): tracker_script,
+    ("HEAD", "/js/tally.js"): tracker_script,
     ("GET", "/api/v1/payments/{payment_id}"): read_payment,
     ("GET", "/api/v1/customers/{customer_id}"): read_customer,
     ("POST", "/api/v1/integrations/stripe/{site_id}"): stripe_webhook,

@@ -104,6 +104,8 @@ def test_the_one_file_build_serves_from_an_empty_folder(pyz, tmp_path):
         assert orjson.loads(body)["data"]["amount"] == 12.5
         status, _, body = http("GET", base + "/api/v1/openapi.json")
         assert status == 200 and orjson.loads(body)["openapi"].startswith("3.")
+        status, _, body = http("GET", base + "/js/tally.js")
+        assert status == 200 and body == (REPO / "tracker" / "static" / "tally.js").read_bytes()
     finally:
         server.send_signal(signal.SIGTERM)
         code = server.wait(60)

@@ -16,6 +16,7 @@ from tests.test_sql_safety import SKIPPED_DIRS, SQL
 # layer below its own; never one beside it or above it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("vocabulary", "config"),  # shared words and numbers; the settings (the only os.environ)
+    ("tracker",),  # the tracking script, package data served at /js/tally.js
     ("validation",),  # pure checks of request bodies and the values they return
     ("integrations.stripe.mapping",),  # Stripe's events as validated values (pure)
     ("storage",),  # the ground floor of state: every table, every SQL statement

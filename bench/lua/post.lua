@@ -1,5 +1,6 @@
 -- POST bodies read from a file (one JSON body a line), in turn, to wrk's URL.
---   BENCH_BODIES=FILE BENCH_RATE=R BENCH_THREADS=T [BENCH_KEY=secret] \
+--   BENCH_BODIES=FILE BENCH_RATE=R BENCH_THREADS=T [BENCH_KEY=secret] [BENCH_UA=agent] \
+--   [BENCH_CONTENT_TYPE=text/plain] \
 --   wrk -t T -c C -d D -s bench/lua/post.lua URL
 -- BENCH_RATE is requests per second over all threads. Unset or 0: closed loop (as fast as
 -- replies come back, and no delay() at all, so wrk adds no timer per request).
@@ -49,6 +50,10 @@ function init(args)
   if rate > 0 then interval = 1000 * nthreads / rate end
   wrk.method = "POST"
   wrk.headers["Content-Type"] = "application/json"
+  local content_type = os.getenv("BENCH_CONTENT_TYPE")
+  if content_type and #content_type > 0 then wrk.headers["Content-Type"] = content_type end
+  local ua = os.getenv("BENCH_UA")
+  if ua and #ua > 0 then wrk.headers["User-Agent"] = ua end
   local key = os.getenv("BENCH_KEY")
   if key and #key > 0 then wrk.headers["Authorization"] = "Bearer " .. key end
   -- Threads start at different bodies so they do not send the same one at once.

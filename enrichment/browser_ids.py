@@ -1,0 +1,92 @@
+"""Browser visitor ids: the `tally_vid` cookie of the tracking script.
+
+The script sends a random id of 128 bits (32 lower-case hex digits) with every event.
+Such events are stored under `browser_visitor_id`: BLAKE2b keyed with one secret of the
+installation that never rotates, over the site and the id, as a signed 64-bit integer
+like the daily ip+ua ids. So a browser is the same visitor on every day, two sites never
+share an id, and nobody can choose the stored id of another visitor.
+
+The flush step `BrowserVisitors.apply` also links the day's ip+ua id of each such event
+to the browser's visitor; events without a browser id (the events API, cookieless mode)
+whose ip+ua id is linked are stored under the browser's visitor. When several browsers
+share one ip+ua on one day, the one seen latest wins.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+from enrichment.visitor import utc_day
+from storage import browser_ids as store
+from storage.browser_ids import browser_visitor_id, is_browser_id
+from storage.db import Database
+
+__all__ = ["BrowserIds", "BrowserVisitors", "browser_visitor_id", "is_browser_id"]
+
+
+class BrowserIds:
+    """The installation's key (read once, created on first need) and the ids it gives."""
+
+    def __init__(self, db: Database, clock: Callable[[], float],
+                 random_bytes: Callable[[int], bytes]):
+        self.db = db
+        self.clock = clock
+        self.random_bytes = random_bytes
+        self._key: bytes | None = None
+
+    def key(self, conn: sqlite3.Connection) -> bytes:
+        if self._key is None:
+            self._key = store.browser_id_key(conn, self.random_bytes, int(self.clock() * 1000),
+                                             self.db)
+        return self._key
+
+    def visitor_id(self, conn: sqlite3.Connection, site_id: int, browser_id: str) -> int:
+        return browser_visitor_id(self.key(conn), site_id, browser_id)
+
+
+class BrowserVisitors:
+    """The flush step that stores events under browser visitor ids; runs in the flush
+    transaction before sessions are assigned (api/events.build_events wires it)."""
+
+    def __init__(self, ids: BrowserIds, visitor_column: int):
+        self.ids = ids
+        self.visitor_column = visitor_column
+        self._pruned_on: int | None = None
+
+    def apply(self, conn: sqlite3.Connection, batch) -> None:
+        """batch: a storage.events.EventBatch (rows aligned with the units' events)."""
+        self._prune(conn)
+        pairs = [(unit, event) for unit in batch.units for event in unit.events]
+        if len(pairs) != len(batch.rows):
+            return
+        column = self.visitor_column
+        links: dict[tuple[int, int], tuple[int, int, int]] = {}  # (site, daily) -> link
+        others: dict[int, list[list]] = {}  # site -> rows with only an ip+ua id
+        for (unit, event), row in zip(pairs, batch.rows, strict=True):
+            daily = row[column]
+            if unit.browser_id is not None:
+                visitor = self.ids.visitor_id(conn, unit.site_id, unit.browser_id)
+                row[column] = visitor
+                if daily is not None:
+                    seen = links.get((unit.site_id, daily))
+                    if seen is None or event.ts >= seen[2]:
+                        links[(unit.site_id, daily)] = (visitor, unit.day, event.ts)
+            elif daily is not None:
+                others.setdefault(unit.site_id, []).append(row)
+        sites_linking = {site_id for site_id, _ in links}
+        for site_id, rows in others.items():
+            if site_id in sites_linking or store.site_has_links(conn, site_id):
+                found = store.linked_visitors(conn, site_id, {row[column] for row in rows})
+                found.update((daily, link[0]) for (site, daily), link in links.items()
+                             if site == site_id)
+                for row in rows:
+                    row[column] = found.get(row[column], row[column])
+        store.write_links(conn, [(site_id, daily, visitor, day, seen)
+                                 for (site_id, daily), (visitor, day, seen) in links.items()])
+
+    def _prune(self, conn: sqlite3.Connection) -> None:
+        today = utc_day(int(self.ids.clock() * 1000))
+        if self._pruned_on != today:
+            store.prune_links(conn, today - 1)
+            self._pruned_on = today

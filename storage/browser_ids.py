@@ -1,0 +1,78 @@
+"""Browser visitor ids as stored: the secret key, the id a browser id stands for, and
+links from a day's ip+ua visitor id to a browser's (enrichment/browser_ids.py uses them
+in the flush; storage/payments.py for customer.visitor_id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sqlite3
+from collections.abc import Callable, Iterable
+
+import orjson
+
+from storage.db import Database
+
+KEY_BYTES = 32
+_BROWSER_ID = re.compile(r"[0-9a-f]{32}")
+_PERSON = b"tally.browser.id"  # BLAKE2b personalisation: never equal to a daily hash
+
+
+def is_browser_id(value: object) -> bool:
+    """What the script's tally_vid cookie holds: 32 lower-case hex digits (128 bits)."""
+    return type(value) is str and _BROWSER_ID.fullmatch(value) is not None
+
+
+def browser_visitor_id(key: bytes, site_id: int, browser_id: str) -> int:
+    """The signed 64-bit visitor id a browser id is stored under on a site."""
+    digest = hashlib.blake2b(site_id.to_bytes(8, "big", signed=True) + browser_id.encode(),
+                             key=key, digest_size=8, person=_PERSON).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def browser_id_key(conn: sqlite3.Connection, random_bytes: Callable[[int], bytes], now_ms: int,
+                   db: Database | None = None) -> bytes:
+    """The installation's key, made from `random_bytes` when none exists (the first writer
+    wins). Outside a transaction it writes in one of `db`'s."""
+    row = conn.execute("SELECT key FROM browser_id_key WHERE id = 1").fetchone()
+    if row is None:
+        if conn.in_transaction or db is None:
+            _insert_key(conn, random_bytes(KEY_BYTES), now_ms)
+        else:
+            with db.transaction(conn):
+                _insert_key(conn, random_bytes(KEY_BYTES), now_ms)
+        row = conn.execute("SELECT key FROM browser_id_key WHERE id = 1").fetchone()
+    return row[0]
+
+
+def _insert_key(conn: sqlite3.Connection, key: bytes, now_ms: int) -> None:
+    conn.execute("INSERT OR IGNORE INTO browser_id_key (id, key, created_at) VALUES (1, ?, ?)",
+                 (key, now_ms))
+
+
+def site_has_links(conn: sqlite3.Connection, site_id: int) -> bool:
+    return conn.execute("SELECT 1 FROM browser_links WHERE site_id = ? LIMIT 1",
+                        (site_id,)).fetchone() is not None
+
+
+def linked_visitors(conn: sqlite3.Connection, site_id: int,
+                    daily_ids: Iterable[int]) -> dict[int, int]:
+    """daily ip+ua visitor id -> browser visitor id, for those of `daily_ids` linked."""
+    return dict(conn.execute(
+        "SELECT l.daily_visitor_id, l.visitor_id FROM json_each(?) AS w"
+        " CROSS JOIN browser_links l WHERE l.site_id = ? AND l.daily_visitor_id = w.value",
+        (orjson.dumps(list(daily_ids)), site_id)))
+
+
+def write_links(conn: sqlite3.Connection, links: Iterable[tuple[int, int, int, int, int]]) -> None:
+    """(site id, daily visitor id, browser visitor id, day, seen at): the latest seen wins."""
+    conn.executemany(
+        "INSERT INTO browser_links (site_id, daily_visitor_id, visitor_id, day, seen_at)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (site_id, daily_visitor_id) DO UPDATE SET"
+        " visitor_id = excluded.visitor_id, seen_at = excluded.seen_at"
+        " WHERE excluded.seen_at >= browser_links.seen_at", links)
+
+
+def prune_links(conn: sqlite3.Connection, before_day: int) -> None:
+    conn.execute("DELETE FROM browser_links WHERE day < ?", (before_day,))
