@@ -357,3 +357,24 @@ def test_script_is_sent_gzipped_when_accepted(tally):
     assert seen["headers"]["content-encoding"] == "gzip"
     assert seen["headers"]["vary"] == "Accept-Encoding"
     assert gzip.decompress(body) == script_bytes() and len(body) <= 2_000
+
+
+def test_a_stripe_checkout_carrying_the_script_visitor_id_attributes_too(client, site, tally,
+                                                                         db_path):
+    from tests.stripe_events import stripe_object, unix
+    from tests.test_stripe_http import Stripe, set_secret
+
+    site_id = site["site"]["id"]
+    assert collect(client, hit(site_id, v=BROWSER, u="https://example.com/?gclid=abc")
+                   ).status_int == 204
+    flush(tally)
+    set_secret(db_path, site_id)
+    session = stripe_object("checkout.session", customer="cus_s", mode="payment",
+                            subscription=None, payment_intent=None,
+                            created=unix("2026-09-21T15:00:00Z"),
+                            metadata={"tally_visitor_id": BROWSER})
+    assert Stripe(client, site_id).send("checkout.session.completed", session,
+                                        "2026-09-21T15:00:00Z") == "applied"
+    record = client.get("/api/v1/customers/cus_s", headers=bearer(site["key"])).json["data"]
+    assert record["attribution"]["channel"] == "Paid Search"
+    assert record["visitor_id"] == str(events(db_path)[0]["visitor_id"])
