@@ -52,13 +52,14 @@ def test_client_ip_reads_framework_requests():
 
 
 @pytest.mark.parametrize("source, expected", [
-    ({"tally_vid": "Yq3v0aZ-kX_9lM2p"}, "Yq3v0aZ-kX_9lM2p"),
-    ("theme=dark; tally_vid=Yq3v0aZ-kX_9lM2p; x=1", "Yq3v0aZ-kX_9lM2p"),
-    ({"HTTP_COOKIE": "tally_vid=Yq3v0aZ-kX_9lM2p", "REMOTE_ADDR": "1.2.3.4"},
-     "Yq3v0aZ-kX_9lM2p"),
+    ({"tally_vid": "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"}, "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"),
+    ("theme=dark; tally_vid=5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f; x=1", "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"),
+    ({"HTTP_COOKIE": "tally_vid=5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f", "REMOTE_ADDR": "1.2.3.4"},
+     "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"),
     ({"tally_vid": "short"}, None),
+    ({"tally_vid": "5F0C3A9E1B7D4C2A8E6F0B1D3C5A7E9F"}, None),  # the script writes lower case
     ({"tally_vid": "<script>alert(1)</script>"}, None),
-    ("tally_vid=" + "a" * 65, None),
+    ("tally_vid=" + "a" * 33, None),
     ("", None),
     ({}, None),
 ])
@@ -68,18 +69,20 @@ def test_visitor_id_from_cookies(source, expected):
 
 def test_visitor_id_from_request_objects():
     class Flask:
-        cookies = {"tally_vid": "Yq3v0aZ-kX_9lM2p"}
+        cookies = {"tally_vid": "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"}
 
     class Falcon:
-        env = {"HTTP_COOKIE": "tally_vid=Yq3v0aZ-kX_9lM2p"}
+        env = {"HTTP_COOKIE": "tally_vid=5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"}
 
-    assert visitor_id_from_cookies(Flask()) == "Yq3v0aZ-kX_9lM2p"
-    assert visitor_id_from_cookies(Falcon()) == "Yq3v0aZ-kX_9lM2p"
+    assert visitor_id_from_cookies(Flask()) == "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"
+    assert visitor_id_from_cookies(Falcon()) == "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"
 
 
 def offline(**kwargs) -> Tally:
-    # Port 9 (discard) on loopback: nothing is sent in these tests anyway.
-    return Tally("http://127.0.0.1:9", "tly_x", "site_x", flush_interval=3600, **kwargs)
+    """A client whose sender never starts: these tests look at its queue, and send nothing."""
+    client = Tally("http://127.0.0.1:9", "tly_x", "site_x", flush_interval=3600, **kwargs)
+    client._ensure_sender = lambda: None
+    return client
 
 
 def test_backoff_starts_from_retry_after_and_doubles_with_jitter_up_to_the_cap():
@@ -141,3 +144,12 @@ def test_events_are_stamped_when_queued():
     client.pageview("https://shop.example/")
     event, _ = client._queue.popleft()
     assert event["ts"] == 1_790_000_000_500
+
+
+@pytest.mark.parametrize("value", ["5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f", "5F0C3A9E1B7D4C2A8E6F0B1D3C5A7E9F",
+                                   "5f0c3a9e", "0" * 32, "g" * 32, "12345678901234567890",
+                                   "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f0"])
+def test_the_cookie_helper_accepts_exactly_the_ids_the_server_accepts(value):
+    from storage.browser_ids import is_browser_id
+
+    assert (visitor_id_from_cookies({"tally_vid": value}) is not None) == is_browser_id(value)

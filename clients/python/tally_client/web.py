@@ -13,8 +13,9 @@ from http.cookies import CookieError, SimpleCookie
 
 LOOPBACK = ("127.0.0.0/8", "::1/128")
 VISITOR_COOKIE = "tally_vid"
-# What the browser script writes: URL-safe characters, at least 64 random bits.
-_VISITOR_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
+# What the browser script writes (and the server accepts as customer.visitor_id):
+# 32 lower-case hex digits, 128 random bits.
+_VISITOR_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def _address(text: str | None):
