@@ -26,6 +26,7 @@ from api.script import TrackerScript
 from api.stats import add_stats_routes
 from config import Config
 from integrations.stripe.webhook import StripeWebhook
+from dashboard.web import Dashboard
 from storage.db import Database
 from storage.directory import Directory
 from storage.payments import PaymentStore
@@ -85,6 +86,9 @@ class Tally:
         self.wsgi.add_route("/api/v1/integrations/stripe/{site_id}", self.stripe_webhook)
         add_stats_routes(self.wsgi, self.auth, db, clock)
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
+        self.dashboard = Dashboard(config=config, db=db, directory=self.directory, clock=clock,
+                                   random_bytes=random_bytes)
+        self.dashboard.add_routes(self.wsgi)
 
     def __call__(self, environ, start_response):
         return self.wsgi(environ, start_response)

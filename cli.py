@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import orjson
 
 from config import Config, ConfigError
+from dashboard import passwords
 from quota.usage import account_usage, month_of
 from reports.money import json_ready
 from reports.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter
@@ -26,7 +27,9 @@ from reports.text import mrr_lines, revenue_lines, traffic_lines
 from storage.check import run_checks
 from storage.db import Database, StorageError
 from storage.directory import Directory, InvalidArgument, NotFound
+from storage.shares import SharedLinks
 from storage.stripe import StripeStore
+from storage.users import Users
 from vocabulary import PLAN_NAMES, SCOPES
 
 STRIPE_SECRET_MAX_CHARS = 256
@@ -86,6 +89,30 @@ def build_parser() -> argparse.ArgumentParser:
     set_secret.add_argument("--site", required=True, metavar="SITE_ID")
     remove = stripe.add_parser("remove", help="remove a site's webhook signing secret")
     remove.add_argument("--site", required=True, metavar="SITE_ID")
+    user = commands.add_parser("user", help="dashboard users").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    create = user.add_parser("create", help="create a user who sees the sites of the accounts")
+    create.add_argument("--email", required=True)
+    create.add_argument("--account", required=True, action="append", metavar="ACCOUNT_ID")
+    create.add_argument("--password-stdin", action="store_true", required=True,
+                        help="read the password (10 characters or more) from standard input")
+    user.add_parser("list", help="list users and their accounts")
+    delete = user.add_parser("delete", help="delete a user and end their sessions")
+    delete.add_argument("user", metavar="EMAIL_OR_USER_ID")
+    set_password = user.add_parser("set-password", help="change a password; ends all sessions")
+    set_password.add_argument("user", metavar="EMAIL_OR_USER_ID")
+    set_password.add_argument("--password-stdin", action="store_true", required=True,
+                              help="read the new password from standard input")
+
+    share = commands.add_parser("share", help="read-only shared dashboard links").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    create = share.add_parser("create", help="make a link; its token is shown once")
+    create.add_argument("--site", required=True, metavar="SITE_ID")
+    create.add_argument("--revenue", action="store_true", help="show revenue figures too")
+    revoke = share.add_parser("revoke", help="revoke a link")
+    revoke.add_argument("link", metavar="SHARE_ID_OR_URL")
+    listing = share.add_parser("list", help="list links (never their tokens)")
+    listing.add_argument("--site", metavar="SITE_ID")
 
     report = commands.add_parser("report", help="revenue, MRR and traffic of a site").add_subparsers(
         dest="action", required=True, metavar="REPORT")
@@ -134,6 +161,8 @@ class Context:
         self.clock = clock
         self.db = Database(config.db_path, busy_timeout_ms=config.busy_timeout_ms)
         self.directory = Directory(self.db, clock)
+        self.users = Users(self.db, clock)
+        self.shares = SharedLinks(self.db, clock)
 
 
 def table(rows: Sequence[dict], columns: Sequence[str]) -> list[str]:
@@ -267,6 +296,66 @@ def _stripe_remove(args, ctx):
     removed = StripeStore(ctx.db, ctx.clock).remove_secret(site.id)
     line = "removed" if removed else "had none"
     return {"site": args.site, "removed": removed}, [f"Stripe webhook secret {line}: {args.site}"]
+def _read_password() -> str:
+    line = sys.stdin.readline()
+    password = line.removesuffix("\n").removesuffix("\r")
+    try:
+        passwords.check_strength(password)
+    except passwords.WeakPassword as exc:
+        raise CliError(str(exc)) from None
+    return password
+
+
+@command("user", "create")
+def _user_create(args, ctx):
+    password_hash = passwords.hash_password(_read_password())
+    user = ctx.users.create_user(args.email, password_hash, args.account)
+    return user, table([user], ["id", "email", "accounts"])
+
+
+@command("user", "list")
+def _user_list(args, ctx):
+    users = ctx.users.list_users()
+    return {"users": users}, table(users, ["id", "email", "accounts", "created_at"])
+
+
+@command("user", "delete")
+def _user_delete(args, ctx):
+    result = ctx.users.delete_user(args.user)
+    return result, [f"deleted {result['email']} ({result['id']})"]
+
+
+@command("user", "set-password")
+def _user_set_password(args, ctx):
+    result = ctx.users.set_password_hash(args.user, passwords.hash_password(_read_password()))
+    return result, [f"password changed for {result['email']}; "
+                    f"{result['sessions_ended']} session(s) ended"]
+
+
+@command("share", "create")
+def _share_create(args, ctx):
+    link = ctx.shares.create(args.site, args.revenue)
+    url = f"/share/{link['token']}"
+    shown = f"{ctx.config.public_url}{url}" if ctx.config.public_url else url
+    return {"url": url}, [shown, "", f"Link {link['id']}"
+                          f"{' (with revenue)' if args.revenue else ''}: keep the URL now, "
+                          "it is shown only once."]
+
+
+@command("share", "revoke")
+def _share_revoke(args, ctx):
+    value = args.link.strip()
+    token = value.split("/share/", 1)[1].split("?")[0].strip("/") if "/share/" in value else value
+    result = ctx.shares.revoke(token)
+    return result, [f"revoked {result['id']}"]
+
+
+@command("share", "list")
+def _share_list(args, ctx):
+    if args.site is not None and ctx.directory.find_site(args.site) is None:
+        raise NotFound(f"no site {args.site}")
+    links = ctx.shares.list(args.site)
+    return {"links": links}, table(links, ["id", "site", "revenue", "created_at", "revoked"])
 
 
 def _run_reports(args, ctx, *reports: tuple[str, dict]) -> list[dict]:

@@ -29,6 +29,9 @@ class Config:
     flush_backoff: tuple[float, float] = (0.05, 1.0)  # first and longest pause between retries
     # Peers whose X-Forwarded-For POST /api/v1/collect believes (api/client_ip.py).
     trusted_proxies: tuple = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1"))
+    # Where people reach Tally (scheme and host, e.g. https://tally.example.com); an https
+    # URL makes the dashboard's cookies Secure, and the install snippet uses it.
+    public_url: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -40,6 +43,7 @@ class Config:
             flush_interval=_positive_float(env, "TALLY_FLUSH_INTERVAL", defaults.flush_interval),
             log_level=(env.get("TALLY_LOG_LEVEL") or defaults.log_level).upper(),
             trusted_proxies=_networks(env, "TALLY_TRUSTED_PROXIES", defaults.trusted_proxies),
+            public_url=_public_url(env),
         )
 
 
@@ -83,3 +87,14 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     if not 0 < value <= 3600:
         raise ConfigError(f"{name} must be between 0 and 3600 seconds, not {raw}")
     return value
+
+
+def _public_url(env: Mapping[str, str]) -> str:
+    raw = (env.get("TALLY_PUBLIC_URL") or "").strip()
+    if not raw:
+        return ""
+    scheme, sep, rest = raw.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest.strip("/") or any(
+            c in rest for c in " ?#"):
+        raise ConfigError(f"TALLY_PUBLIC_URL must look like https://tally.example.com, not {raw!r}")
+    return raw.rstrip("/")

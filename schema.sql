@@ -453,4 +453,52 @@ CREATE TABLE IF NOT EXISTS browser_links (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS browser_links_day ON browser_links (day);
 
-PRAGMA user_version = 10;
+-- Dashboard users, their sign-in sessions, failed sign-ins and shared links -----------
+-- A user sees the sites of the accounts linked in user_accounts. Session ids and share
+-- tokens are stored only as SHA-256 digests; passwords as argon2id hashes (dashboard/passwords.py).
+
+CREATE TABLE IF NOT EXISTS users (
+    id            INTEGER PRIMARY KEY,
+    public_id     TEXT    NOT NULL UNIQUE,
+    email         TEXT    NOT NULL UNIQUE CHECK (email = lower(email) AND length(email) BETWEEN 3 AND 254),
+    password_hash TEXT    NOT NULL CHECK (password_hash LIKE '$argon2id$%'),
+    created_at    INTEGER NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS user_accounts (
+    user_id     INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+    account_id  INTEGER NOT NULL REFERENCES accounts (id),
+    PRIMARY KEY (user_id, account_id)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS user_sessions (
+    id_hash     BLOB    PRIMARY KEY CHECK (length(id_hash) = 32),
+    user_id     INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+    csrf_token  TEXT    NOT NULL CHECK (length(csrf_token) >= 32),
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL CHECK (expires_at > created_at)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS user_sessions_user ON user_sessions (user_id);
+
+-- One row per failed sign-in, by the email tried and by the client address.
+CREATE TABLE IF NOT EXISTS login_failures (
+    id          INTEGER PRIMARY KEY,
+    email       TEXT    NOT NULL,
+    client_ip   TEXT    NOT NULL,
+    at_ms       INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS login_failures_email ON login_failures (email, at_ms);
+CREATE INDEX IF NOT EXISTS login_failures_ip ON login_failures (client_ip, at_ms);
+
+CREATE TABLE IF NOT EXISTS shared_links (
+    id          INTEGER PRIMARY KEY,
+    public_id   TEXT    NOT NULL UNIQUE,
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    token_hash  BLOB    NOT NULL UNIQUE CHECK (length(token_hash) = 32),
+    revenue     INTEGER NOT NULL CHECK (revenue IN (0, 1)),
+    created_at  INTEGER NOT NULL,
+    revoked_at  INTEGER
+);
+CREATE INDEX IF NOT EXISTS shared_links_site ON shared_links (site_id);
+
+PRAGMA user_version = 11;

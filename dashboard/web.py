@@ -1,0 +1,519 @@
+"""The dashboard's routes: sign-in, the pages of a user's sites, settings, shared links,
+and static files. HTML answers carry a strict Content-Security-Policy (no inline script)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+import urllib.parse
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import falcon
+import orjson
+
+from api.bodies import read_limited
+from dashboard import filters as filter_text
+from dashboard import passwords
+from dashboard.figures import Reports, dashboard_figures, primary_currency
+from dashboard.periods import PERIODS, Period, resolve
+from dashboard.render import render, static_file
+from quota.usage import account_usage, month_of
+from reports.params import InvalidReportParameter, utc_today
+from storage.db import Database
+from storage.directory import Directory, InvalidArgument, SiteRecord
+from storage.shares import SharedLinks
+from storage.site_settings import SiteSettings
+from storage.users import SignedIn, Users, normalize_email
+from vocabulary import SCOPES
+
+SESSION_COOKIE = "tally_session"
+LOGIN_CSRF_COOKIE = "tally_login_csrf"
+SESSION_SECONDS = 14 * 86_400
+FAILED_LOGIN_LIMIT = 10
+FAILED_LOGIN_WINDOW_MS = 15 * 60 * 1000
+FORM_LIMIT = 16 * 1024
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+       "frame-ancestors 'none'")
+STATIC_MAX_AGE = 365 * 86_400
+REVENUE_DIMENSIONS = ("channel", "source", "medium", "campaign", "term", "content", "referrer",
+                      "landing_page", "country", "device", "browser", "os", "plan")
+
+# Every HTML (non-API) operation the dashboard serves. They are not in docs/openapi.yaml,
+# which describes the JSON API; tests/test_openapi.py leaves exactly these out.
+PAGE_ROUTES = (
+    ("GET", "/", "home"),
+    ("GET", "/login", "login"),
+    ("POST", "/login", "login"),
+    ("POST", "/logout", "logout"),
+    ("GET", "/sites/{site_id}", "site"),
+    ("GET", "/sites/{site_id}/live", "live"),
+    ("GET", "/sites/{site_id}/revenue", "revenue"),
+    ("GET", "/sites/{site_id}/settings", "settings"),
+    ("POST", "/sites/{site_id}/settings/keys", "key_create"),
+    ("POST", "/sites/{site_id}/settings/keys/{key_id}/revoke", "key_revoke"),
+    ("POST", "/sites/{site_id}/settings/hosts", "host_add"),
+    ("POST", "/sites/{site_id}/settings/hosts/remove", "host_remove"),
+    ("GET", "/share/{token}", "share"),
+    ("GET", "/share/{token}/live", "share_live"),
+    ("GET", "/static/{digest}/{name:path}", "static"),
+)
+
+
+def _token(random_bytes: Callable[[int], bytes]) -> str:
+    return base64.urlsafe_b64encode(random_bytes(32)).decode("ascii").rstrip("=")
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def _html(resp, body: str, status: int = 200, *, private: bool = True) -> None:
+    resp.status = status
+    resp.content_type = "text/html; charset=utf-8"
+    resp.text = body
+    resp.set_header("Content-Security-Policy", CSP)
+    resp.set_header("X-Content-Type-Options", "nosniff")
+    resp.set_header("Referrer-Policy", "no-referrer")
+    resp.set_header("Cache-Control", "no-store" if private else "no-cache")
+
+
+def _redirect(resp, location: str) -> None:
+    resp.status = 303
+    resp.location = location
+    resp.set_header("Cache-Control", "no-store")
+
+
+def _local_path(target: str | None) -> str:
+    """`next=` only ever leads back into this site."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+class Dashboard:
+    def __init__(self, *, config, db: Database, directory: Directory,
+                 clock: Callable[[], float], random_bytes: Callable[[int], bytes]):
+        self.db = db
+        self.directory = directory
+        self.clock = clock
+        self.random_bytes = random_bytes
+        self.public_url = config.public_url
+        self.secure_cookies = config.public_url.startswith("https://")
+        self.users = Users(db, clock, random_bytes)
+        self.shares = SharedLinks(db, clock, random_bytes)
+        self.site_settings = SiteSettings(db)
+
+    def add_routes(self, app: falcon.App) -> None:
+        seen = set()
+        for _, path, suffix in PAGE_ROUTES:
+            if (path, suffix) not in seen:
+                seen.add((path, suffix))
+                app.add_route(path, self, suffix=suffix)
+
+    # sessions and forms ----------------------------------------------------
+    def _session(self, req) -> SignedIn | None:
+        token = req.cookies.get(SESSION_COOKIE)
+        if not token or len(token) > 100:
+            return None
+        return self.users.find_session(_digest(token))
+
+    def _cookie(self, resp, name: str, value: str, max_age: int) -> None:
+        resp.set_cookie(name, value, max_age=max_age, path="/", secure=self.secure_cookies,
+                        http_only=True, same_site="Lax")
+
+    def _form(self, req) -> dict[str, list[str]]:
+        kind = (req.content_type or "").split(";")[0].strip().lower()
+        if kind != "application/x-www-form-urlencoded":
+            return {}
+        body = read_limited(req, FORM_LIMIT).decode("utf-8", "replace")
+        return urllib.parse.parse_qs(body, keep_blank_values=True)
+
+    @staticmethod
+    def _field(form: dict[str, list[str]], name: str) -> str:
+        values = form.get(name) or [""]
+        return values[0]
+
+    def _csrf_ok(self, form, expected: str | None) -> bool:
+        given = self._field(form, "csrf")
+        return bool(expected and given) and secrets.compare_digest(given.encode(), expected.encode())
+
+    def _refuse_csrf(self, resp, user: SignedIn | None = None) -> None:
+        _html(resp, render("message.html", title="Form expired", user=user,
+                           message="This form is missing its security token or it has expired. "
+                                   "Go back, reload the page and try again."), 403)
+
+    def _signed_in_or_redirect(self, req, resp) -> SignedIn | None:
+        user = self._session(req)
+        if user is None:
+            _redirect(resp, "/login?" + urllib.parse.urlencode({"next": req.relative_uri}))
+        return user
+
+    def _own_site(self, req, resp, site_id: str) -> tuple[SignedIn, SiteRecord] | None:
+        """The signed-in user and the site, or an answer already written (login or 404)."""
+        user = self._signed_in_or_redirect(req, resp)
+        if user is None:
+            return None
+        site = self.directory.find_site(site_id)
+        if site is None or site.account_id not in user.account_ids:
+            # Another account's site looks exactly like one that does not exist.
+            _html(resp, render("message.html", title="Not found", user=user,
+                               message="There is no such site among yours."), 404)
+            return None
+        return user, site
+
+    # sign-in -----------------------------------------------------------------
+    def on_get_login(self, req, resp):
+        if self._session(req) is not None:
+            return _redirect(resp, _local_path(req.get_param("next")))
+        self._login_page(resp, req.get_param("next") or "", "", None, 200)
+
+    def _login_page(self, resp, next_path: str, email: str, error: str | None, status: int):
+        token = _token(self.random_bytes)
+        self._cookie(resp, LOGIN_CSRF_COOKIE, token, 3600)
+        _html(resp, render("login.html", csrf=token, next=next_path, email=email, error=error),
+              status)
+
+    def on_post_login(self, req, resp):
+        form = self._form(req)
+        next_path = self._field(form, "next")
+        if not self._csrf_ok(form, req.cookies.get(LOGIN_CSRF_COOKIE)):
+            return self._refuse_csrf(resp)
+        typed = self._field(form, "email").strip()
+        password = self._field(form, "password")
+        try:
+            email = normalize_email(typed)
+        except InvalidArgument:
+            email = typed.lower()[:254]
+        client_ip = req.remote_addr or "unknown"
+        now_ms = int(self.clock() * 1000)
+        by_email, by_ip, first = self.users.failures_since(
+            email, client_ip, now_ms - FAILED_LOGIN_WINDOW_MS)
+        if by_email >= FAILED_LOGIN_LIMIT or by_ip >= FAILED_LOGIN_LIMIT:
+            wait_s = max(1, (first + FAILED_LOGIN_WINDOW_MS - now_ms + 999) // 1000)
+            resp.set_header("Retry-After", str(wait_s))
+            minutes = max(1, (wait_s + 59) // 60)
+            return self._login_page(
+                resp, next_path, typed,
+                f"Too many failed sign-ins for this email or from this address. "
+                f"Try again in {minutes} minute{'s' if minutes != 1 else ''}.", 429)
+        user = self.users.find_user(email) if "@" in email else None
+        if user is None:
+            passwords.spend_like_verify(password)
+            ok = False
+        else:
+            ok = passwords.verify(user.password_hash, password)
+        if not ok:
+            self.users.record_failure(email, client_ip)
+            return self._login_page(resp, next_path, typed, "Wrong email or password.", 401)
+        self.users.clear_failures(email)
+        if passwords.needs_rehash(user.password_hash):
+            self.users.replace_hash(user.id, user.password_hash, passwords.HASHER.hash(password))
+        token = _token(self.random_bytes)
+        self.users.start_session(user.id, _digest(token), _token(self.random_bytes),
+                                 SESSION_SECONDS * 1000)
+        self._cookie(resp, SESSION_COOKIE, token, SESSION_SECONDS)
+        resp.unset_cookie(LOGIN_CSRF_COOKIE, path="/")
+        _redirect(resp, _local_path(next_path))
+
+    def on_post_logout(self, req, resp):
+        user = self._session(req)
+        form = self._form(req)
+        if user is not None:
+            if not self._csrf_ok(form, user.csrf_token):
+                return self._refuse_csrf(resp, user)
+            self.users.end_session(_digest(req.cookies[SESSION_COOKIE]))
+        resp.unset_cookie(SESSION_COOKIE, path="/")
+        _redirect(resp, "/login")
+
+    # pages -------------------------------------------------------------------
+    def on_get_home(self, req, resp):
+        user = self._signed_in_or_redirect(req, resp)
+        if user is None:
+            return
+        now = self.clock()
+        period = resolve({"period": "30d"}, utc_today(now))
+        sites = self.users.sites_of(user.account_ids)
+        for site in sites:
+            reports = Reports(self.db, site["row_id"], now)
+            traffic = reports.get("aggregate", period.params()) or {}
+            revenue = reports.get("revenue", period.params())
+            currency = primary_currency(revenue)
+            site["visitors"] = traffic.get("visitors")
+            site["currency"] = currency
+            site["net"] = revenue["currencies"][currency]["net"] if currency else None
+        _html(resp, render("home.html", user=user, sites=sites, title="Your sites"))
+
+    def _view(self, req, period_query: dict) -> tuple[Period | None, str | None]:
+        try:
+            return resolve(period_query, utc_today(self.clock())), None
+        except InvalidReportParameter as exc:
+            return resolve({}, utc_today(self.clock())), str(exc)
+
+    def _query(self, req) -> dict[str, str]:
+        return {k: req.get_param(k) or "" for k in ("period", "from", "to", "filters", "goal")}
+
+    def _dashboard(self, req, resp, *, site: SiteRecord, user: SignedIn | None, base: str,
+                   revenue: bool, shared: bool):
+        query = self._query(req)
+        period, error = self._view(req, query)
+        reports = Reports(self.db, site.id, self.clock())
+        try:
+            figures = dashboard_figures(reports, period, filters=query["filters"],
+                                        goal=query["goal"], revenue=revenue)
+        except InvalidReportParameter as exc:
+            error = str(exc)
+            query["filters"] = query["goal"] = ""
+            figures = dashboard_figures(reports, period, filters="", goal="", revenue=revenue)
+        live = reports.has("realtime")
+        if not live:
+            reports._note("the realtime report (visitors in the last 5 minutes)")
+        body = render("dashboard.html", user=user, site=site, base=base, shared=shared,
+                      revenue=revenue, period=period, periods=PERIODS, query=query,
+                      error=error, figures=figures, missing=reports.missing, live=live,
+                      chart_json=_chart_json(figures, revenue),
+                      active_filters=filter_text.split(query["filters"]),
+                      without=filter_text.without,
+                      link=_linker(base, query), filter_link=_filter_linker(base, query),
+                      title=", ".join(sorted(site.hosts)) or site.public_id)
+        _html(resp, body, 400 if error else 200)
+
+    def on_get_site(self, req, resp, site_id):
+        own = self._own_site(req, resp, site_id)
+        if own is not None:
+            self._dashboard(req, resp, site=own[1], user=own[0], base=f"/sites/{site_id}",
+                            revenue=True, shared=False)
+
+    def on_get_share(self, req, resp, token):
+        link = self.shares.find(token) if len(token) <= 100 else None
+        site = self.directory.find_site(link.site_public_id) if link else None
+        if site is None:
+            return _html(resp, render("message.html", title="Not found", user=None,
+                                      message="This shared link does not exist or was revoked."),
+                         404)
+        self._dashboard(req, resp, site=site, user=None, base=f"/share/{token}",
+                        revenue=link.revenue, shared=True)
+
+    def _live(self, resp, site_id: int):
+        reports = Reports(self.db, site_id, self.clock())
+        data = reports.get("realtime", {}) if reports.has("realtime") else None
+        resp.status = 200 if data is not None else 404
+        resp.content_type = "application/json"
+        resp.set_header("Cache-Control", "no-store")
+        resp.data = orjson.dumps({"visitors": (data or {}).get("visitors")})
+
+    def on_get_live(self, req, resp, site_id):
+        user = self._session(req)
+        site = self.directory.find_site(site_id)
+        if user is None or site is None or site.account_id not in user.account_ids:
+            resp.status = 404
+            resp.content_type = "application/json"
+            resp.data = orjson.dumps({"visitors": None})
+            return
+        self._live(resp, site.id)
+
+    def on_get_share_live(self, req, resp, token):
+        link = self.shares.find(token) if len(token) <= 100 else None
+        if link is None:
+            resp.status = 404
+            resp.content_type = "application/json"
+            resp.data = orjson.dumps({"visitors": None})
+            return
+        self._live(resp, link.site_id)
+
+    def on_get_revenue(self, req, resp, site_id):
+        own = self._own_site(req, resp, site_id)
+        if own is None:
+            return
+        user, site = own
+        query = self._query(req)
+        if not query["period"] and not query["from"] and not query["to"]:
+            query["period"] = "12mo"
+        period, error = self._view(req, query)
+        reports = Reports(self.db, site.id, self.clock())
+        mrr = reports.get("mrr", {"at": period.end.isoformat()})
+        movements = reports.get("movements", period.params())
+        by = req.get_param("by") or "channel"
+        if by not in REVENUE_DIMENSIONS:
+            by, error = "channel", error or f"by: must be one of {', '.join(REVENUE_DIMENSIONS)}"
+        query["by"] = "" if by == "channel" else by
+        revenue = reports.get("revenue", {**period.params(), "by": query["by"]},
+                              what="revenue by any first-touch dimension (by=)")
+        by_supported = "revenue by any first-touch dimension (by=)" not in reports.missing
+        if not by_supported:
+            by = "channel"
+        currencies = sorted(set((mrr or {}).get("currencies", {}))
+                            | set((revenue or {}).get("currencies", {}))
+                            | set((movements or {}).get("currencies", {})))
+        main = primary_currency(mrr, revenue) or (currencies[0] if currencies else None)
+        chosen = req.get_param("currency") or main
+        if chosen not in currencies:
+            chosen = main
+        query["currency"] = "" if chosen == main else chosen
+        body = render("revenue.html", user=user, site=site, base=f"/sites/{site_id}",
+                      period=period, periods=PERIODS, query=query, error=error,
+                      currencies=currencies, currency=chosen,
+                      mrr=(mrr or {}).get("currencies", {}).get(chosen),
+                      movements=(movements or {}).get("currencies", {}).get(chosen, {}).get(
+                          "months", []),
+                      revenue=(revenue or {}).get("currencies", {}).get(chosen),
+                      revenue_rows=_revenue_rows((revenue or {}).get("currencies", {}).get(chosen),
+                                                 by),
+                      revenue_by=by, revenue_by_label=by.replace("_", " "),
+                      dimensions=REVENUE_DIMENSIONS if by_supported else (),
+                      missing=reports.missing, link=_linker(f"/sites/{site_id}/revenue", query),
+                      title="Revenue · " + (", ".join(sorted(site.hosts)) or site.public_id))
+        _html(resp, body, 400 if error else 200)
+
+    # settings ----------------------------------------------------------------
+    def _settings_page(self, req, resp, user, site, *, new_key: dict | None = None,
+                       error: str | None = None, status: int = 200):
+        last = self.site_settings.last_event(site.id)
+        origin = self.public_url or f"{req.scheme}://{req.host}" + (
+            f":{req.port}" if req.port not in (80, 443) else "")
+        usage = account_usage(self.db, site.account_public_id, month_of(self.clock()))
+        body = render(
+            "settings.html", user=user, site=site, base=f"/sites/{site.public_id}",
+            snippet=f'<script defer src="{origin}/js/tally.js" data-site="{site.public_id}">'
+                    f"</script>",
+            last_event=None if last is None else {
+                "at": datetime.fromtimestamp(last[0] / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                "name": last[1], "url": last[2]},
+            hosts=sorted(site.hosts), keys=self.directory.list_keys(site.public_id),
+            scopes=SCOPES, new_key=new_key, error=error, usage=usage,
+            title="Settings · " + (", ".join(sorted(site.hosts)) or site.public_id))
+        _html(resp, body, status)
+
+    def on_get_settings(self, req, resp, site_id):
+        own = self._own_site(req, resp, site_id)
+        if own is not None:
+            self._settings_page(req, resp, *own)
+
+    def _settings_post(self, req, resp, site_id):
+        """(user, site, form) of a checked settings form, or None with the answer written."""
+        own = self._own_site(req, resp, site_id)
+        if own is None:
+            return None
+        form = self._form(req)
+        if not self._csrf_ok(form, own[0].csrf_token):
+            self._refuse_csrf(resp, own[0])
+            return None
+        return own[0], own[1], form
+
+    def on_post_key_create(self, req, resp, site_id):
+        checked = self._settings_post(req, resp, site_id)
+        if checked is None:
+            return
+        user, site, form = checked
+        scopes = [s for s in form.get("scope", []) if s in SCOPES]
+        if not scopes:
+            return self._settings_page(req, resp, user, site, status=400,
+                                       error="Choose at least one scope for the new key.")
+        key = self.directory.create_key(site.public_id, scopes)
+        self._settings_page(req, resp, user, site, new_key=key, status=201)
+
+    def on_post_key_revoke(self, req, resp, site_id, key_id):
+        checked = self._settings_post(req, resp, site_id)
+        if checked is None:
+            return
+        user, site, _ = checked
+        if key_id not in {k["id"] for k in self.directory.list_keys(site.public_id)}:
+            return _html(resp, render("message.html", title="Not found", user=user,
+                                      message="This site has no such key."), 404)
+        self.directory.revoke_key(key_id)
+        _redirect(resp, f"/sites/{site_id}/settings#keys")
+
+    def on_post_host_add(self, req, resp, site_id):
+        checked = self._settings_post(req, resp, site_id)
+        if checked is None:
+            return
+        user, site, form = checked
+        try:
+            self.site_settings.add_host(site.id, self._field(form, "host"))
+        except InvalidArgument as exc:
+            return self._settings_page(req, resp, user, site, error=str(exc), status=400)
+        _redirect(resp, f"/sites/{site_id}/settings#hosts")
+
+    def on_post_host_remove(self, req, resp, site_id):
+        checked = self._settings_post(req, resp, site_id)
+        if checked is None:
+            return
+        user, site, form = checked
+        try:
+            self.site_settings.remove_host(site.id, self._field(form, "host"))
+        except InvalidArgument as exc:
+            return self._settings_page(req, resp, user, site, error=str(exc), status=400)
+        _redirect(resp, f"/sites/{site_id}/settings#hosts")
+
+    # static files ------------------------------------------------------------
+    def on_get_static(self, req, resp, digest, name):
+        try:
+            data, current, kind = static_file(name)
+        except (KeyError, FileNotFoundError):
+            raise falcon.HTTPNotFound() from None
+        if digest != current:
+            # An old page asking for an old version: send the current one, briefly cached.
+            resp.set_header("Cache-Control", "no-cache")
+        else:
+            resp.set_header("Cache-Control", f"public, max-age={STATIC_MAX_AGE}, immutable")
+        resp.content_type = kind
+        resp.set_header("X-Content-Type-Options", "nosniff")
+        resp.data = data
+
+
+def _chart_json(figures: dict, revenue: bool) -> str | None:
+    series = figures.get("series")
+    if not series or not series.get("rows"):
+        return None
+    currency = figures.get("currency")
+    rows = series["rows"]
+    points = {"interval": series["interval"], "currency": currency if revenue else None,
+              "t": [], "visitors": [], "revenue": []}
+    for row in rows:
+        points["t"].append(_bucket_seconds(row))
+        points["visitors"].append(row.get("visitors", 0))
+        if revenue and currency:
+            money = (row.get("currencies") or row.get("revenue") or {}).get(currency) or {}
+            net = money.get("net") if isinstance(money, dict) else money
+            points["revenue"].append(float(net or 0))
+    # Inside <script type="application/json">: "<" is escaped so no text can close it.
+    return orjson.dumps(points).decode().replace("<", "\\u003c")
+
+
+def _revenue_rows(entry: dict | None, by: str) -> list[dict]:
+    if not entry:
+        return []
+    rows = entry.get(f"by_{by}") or entry.get("rows") or entry.get("by_channel") or []
+    return [{**row, "name": row.get(by, row.get("value", row.get("channel")))} for row in rows]
+
+
+def _bucket_seconds(row: dict) -> int:
+    text = str(row.get("start") or row.get("date") or row.get("bucket") or row.get("from"))
+    if len(text) == 10:
+        text += "T00:00:00+00:00"
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+
+
+def _linker(base: str, query: dict[str, str]):
+    """link(period=..., filters=...): this page's URL with some query values replaced."""
+    def link(**changes) -> str:
+        values = {**query, **changes}
+        if values.get("period") != "custom" and "period" in changes:
+            values["from"] = values["to"] = ""
+        kept = {k: v for k, v in values.items() if v}
+        return base + ("?" + urllib.parse.urlencode(kept) if kept else "")
+    return link
+
+
+def _filter_linker(base: str, query: dict[str, str]):
+    link = _linker(base, query)
+
+    def filter_link(dimension: str, value: str | None) -> str | None:
+        if value is None:
+            return None
+        return link(filters=filter_text.with_filter(query.get("filters", ""), dimension, value))
+    return filter_link
+
+

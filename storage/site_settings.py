@@ -1,0 +1,33 @@
+"""What a site's settings page changes and shows: hostnames, and the last event received."""
+
+from __future__ import annotations
+
+from storage.db import Database
+from storage.directory import InvalidArgument, normalize_host
+
+
+class SiteSettings:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def add_host(self, site_id: int, host: str) -> str:
+        host = normalize_host(host)
+        with self.db.transaction() as conn:
+            conn.execute("INSERT OR IGNORE INTO site_hosts (site_id, host) VALUES (?, ?)",
+                         (site_id, host))
+        return host
+
+    def remove_host(self, site_id: int, host: str) -> None:
+        with self.db.transaction() as conn:
+            hosts = [r[0] for r in conn.execute(
+                "SELECT host FROM site_hosts WHERE site_id = ?", (site_id,))]
+            if host in hosts and len(hosts) == 1:
+                raise InvalidArgument("a site needs at least one hostname: add another first")
+            conn.execute("DELETE FROM site_hosts WHERE site_id = ? AND host = ?",
+                         (site_id, host))
+
+    def last_event(self, site_id: int) -> tuple[int, str, str] | None:
+        """(unix ms, event name, URL) of the site's latest stored event."""
+        return self.db.conn().execute(
+            "SELECT ts, name, url FROM events WHERE site_id = ? ORDER BY ts DESC LIMIT 1",
+            (site_id,)).fetchone()

@@ -1,0 +1,199 @@
+"""Dashboard users, the accounts they may see, their sign-in sessions and failed sign-ins.
+
+Passwords arrive here already hashed (dashboard/passwords.py); session ids arrive as
+SHA-256 digests, so the table holds nothing a stolen copy could sign in with.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from storage.db import Database
+from storage.directory import InvalidArgument, NotFound, _iso
+
+_EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
+
+
+@dataclass(frozen=True)
+class UserRecord:
+    id: int
+    public_id: str
+    email: str
+    password_hash: str
+
+
+@dataclass(frozen=True)
+class SignedIn:
+    """A live sign-in session: who, which accounts (integer ids), and its CSRF token."""
+
+    user_id: int
+    email: str
+    account_ids: frozenset[int]
+    csrf_token: str
+    expires_at: int
+
+
+def normalize_email(email: str) -> str:
+    value = email.strip().lower()
+    if len(value) > 254 or not _EMAIL.fullmatch(value):
+        raise InvalidArgument(f"invalid email {email!r}")
+    return value
+
+
+class Users:
+    def __init__(self, db: Database, clock: Callable[[], float],
+                 random_bytes: Callable[[int], bytes] = secrets.token_bytes):
+        self.db = db
+        self.clock = clock
+        self.random_bytes = random_bytes
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # users -----------------------------------------------------------------
+    def create_user(self, email: str, password_hash: str, account_ids: Iterable[str]) -> dict:
+        email = normalize_email(email)
+        accounts = sorted(set(account_ids))
+        if not accounts:
+            raise InvalidArgument("give at least one --account")
+        public_id = "user_" + base64.b32encode(self.random_bytes(10)).decode("ascii").lower()
+        with self.db.transaction() as conn:
+            if conn.execute("SELECT 1 FROM users WHERE email = ?", (email,)).fetchone():
+                raise InvalidArgument(f"a user with email {email} exists")
+            ids = []
+            for account in accounts:
+                row = conn.execute("SELECT id FROM accounts WHERE public_id = ?",
+                                   (account,)).fetchone()
+                if row is None:
+                    raise NotFound(f"no account {account}")
+                ids.append(row[0])
+            user_id = conn.execute(
+                "INSERT INTO users (public_id, email, password_hash, created_at)"
+                " VALUES (?, ?, ?, ?)", (public_id, email, password_hash, self._now_ms())).lastrowid
+            conn.executemany("INSERT INTO user_accounts (user_id, account_id) VALUES (?, ?)",
+                             [(user_id, account_id) for account_id in ids])
+        return {"id": public_id, "email": email, "accounts": accounts}
+
+    def list_users(self) -> list[dict]:
+        conn = self.db.conn()
+        users = conn.execute("SELECT id, public_id, email, created_at FROM users ORDER BY id")
+        result = []
+        for user_id, public_id, email, created_at in users.fetchall():
+            accounts = [r[0] for r in conn.execute(
+                "SELECT a.public_id FROM user_accounts ua JOIN accounts a ON a.id = ua.account_id"
+                " WHERE ua.user_id = ? ORDER BY a.public_id", (user_id,))]
+            result.append({"id": public_id, "email": email, "accounts": accounts,
+                           "created_at": _iso(created_at)})
+        return result
+
+    def find_user(self, email_or_id: str) -> UserRecord | None:
+        value = email_or_id.strip()
+        column_value = value.lower() if "@" in value else value
+        row = self.db.conn().execute(
+            "SELECT id, public_id, email, password_hash FROM users"
+            " WHERE email = ? OR public_id = ?", (column_value, column_value)).fetchone()
+        return None if row is None else UserRecord(*row)
+
+    def _require(self, email_or_id: str) -> UserRecord:
+        user = self.find_user(email_or_id)
+        if user is None:
+            raise NotFound(f"no user {email_or_id}")
+        return user
+
+    def delete_user(self, email_or_id: str) -> dict:
+        user = self._require(email_or_id)
+        with self.db.transaction() as conn:
+            conn.execute("DELETE FROM user_sessions WHERE user_id = ?", (user.id,))
+            conn.execute("DELETE FROM user_accounts WHERE user_id = ?", (user.id,))
+            conn.execute("DELETE FROM users WHERE id = ?", (user.id,))
+        return {"id": user.public_id, "email": user.email, "deleted": True}
+
+    def set_password_hash(self, email_or_id: str, password_hash: str) -> dict:
+        """A new password ends every session the user had."""
+        user = self._require(email_or_id)
+        with self.db.transaction() as conn:
+            conn.execute("UPDATE users SET password_hash = ? WHERE id = ?",
+                         (password_hash, user.id))
+            ended = conn.execute("DELETE FROM user_sessions WHERE user_id = ?",
+                                 (user.id,)).rowcount
+        return {"id": user.public_id, "email": user.email, "sessions_ended": ended}
+
+    def replace_hash(self, user_id: int, old_hash: str, new_hash: str) -> None:
+        """A stronger hash of the same password, written only if nothing changed it since."""
+        with self.db.transaction() as conn:
+            conn.execute("UPDATE users SET password_hash = ? WHERE id = ? AND password_hash = ?",
+                         (new_hash, user_id, old_hash))
+
+    # sessions --------------------------------------------------------------
+    def start_session(self, user_id: int, id_hash: bytes, csrf_token: str,
+                      lifetime_ms: int) -> int:
+        now = self._now_ms()
+        with self.db.transaction() as conn:
+            conn.execute("DELETE FROM user_sessions WHERE expires_at <= ?", (now,))
+            conn.execute(
+                "INSERT INTO user_sessions (id_hash, user_id, csrf_token, created_at, expires_at)"
+                " VALUES (?, ?, ?, ?, ?)", (id_hash, user_id, csrf_token, now, now + lifetime_ms))
+        return now + lifetime_ms
+
+    def find_session(self, id_hash: bytes) -> SignedIn | None:
+        conn = self.db.conn()
+        row = conn.execute(
+            "SELECT s.user_id, u.email, s.csrf_token, s.expires_at FROM user_sessions s"
+            " JOIN users u ON u.id = s.user_id WHERE s.id_hash = ? AND s.expires_at > ?",
+            (id_hash, self._now_ms())).fetchone()
+        if row is None:
+            return None
+        accounts = frozenset(r[0] for r in conn.execute(
+            "SELECT account_id FROM user_accounts WHERE user_id = ?", (row[0],)))
+        return SignedIn(row[0], row[1], accounts, row[2], row[3])
+
+    def end_session(self, id_hash: bytes) -> None:
+        with self.db.transaction() as conn:
+            conn.execute("DELETE FROM user_sessions WHERE id_hash = ?", (id_hash,))
+
+    def sites_of(self, account_ids: Iterable[int]) -> list[dict]:
+        """The sites of these accounts: public id, account public id and hostnames."""
+        conn = self.db.conn()
+        wanted = sorted(set(account_ids))
+        rows = conn.execute(
+            "SELECT s.id, s.public_id, a.public_id, a.name FROM sites s"
+            " JOIN accounts a ON a.id = s.account_id"
+            " WHERE s.account_id IN (SELECT value FROM json_each(?)) ORDER BY s.id",
+            (_json_list(wanted),)).fetchall()
+        return [{"row_id": site_id, "id": public_id, "account": account, "account_name": name,
+                 "hosts": [r[0] for r in conn.execute(
+                     "SELECT host FROM site_hosts WHERE site_id = ? ORDER BY host", (site_id,))]}
+                for site_id, public_id, account, name in rows]
+
+    # failed sign-ins ---------------------------------------------------------
+    def record_failure(self, email: str, client_ip: str) -> None:
+        now = self._now_ms()
+        with self.db.transaction() as conn:
+            conn.execute("INSERT INTO login_failures (email, client_ip, at_ms) VALUES (?, ?, ?)",
+                         (email, client_ip, now))
+            # Rows older than a day tell nothing any more.
+            conn.execute("DELETE FROM login_failures WHERE at_ms < ?", (now - 86_400_000,))
+
+    def failures_since(self, email: str, client_ip: str, since_ms: int) -> tuple[int, int, int | None]:
+        """(failures for the email, failures from the address, the earliest of those)."""
+        conn = self.db.conn()
+        by_email, first_email = conn.execute(
+            "SELECT count(*), min(at_ms) FROM login_failures WHERE email = ? AND at_ms >= ?",
+            (email, since_ms)).fetchone()
+        by_ip, first_ip = conn.execute(
+            "SELECT count(*), min(at_ms) FROM login_failures WHERE client_ip = ? AND at_ms >= ?",
+            (client_ip, since_ms)).fetchone()
+        firsts = [t for t in (first_email, first_ip) if t is not None]
+        return by_email, by_ip, min(firsts) if firsts else None
+
+    def clear_failures(self, email: str) -> None:
+        with self.db.transaction() as conn:
+            conn.execute("DELETE FROM login_failures WHERE email = ?", (email,))
+
+
+def _json_list(values: list[int]) -> str:
+    return "[" + ",".join(str(int(v)) for v in values) + "]"
