@@ -68,8 +68,10 @@ def money(value, currency: str | None) -> str:
         return number(value)
     amount = Decimal(str(value))
     sign = "-" if amount < 0 else ""
-    text = f"{abs(amount):,.2f}" if amount != amount.to_integral() or \
-        amount.as_tuple().exponent < 0 else f"{abs(amount):,}"
+    # The reports round to the currency's minor unit; keep their places (at least 2 when
+    # there are any, so 1234.5 reads 1,234.50).
+    places = -amount.as_tuple().exponent
+    text = f"{abs(amount):,.{max(2, places)}f}" if places > 0 else f"{abs(amount):,}"
     symbol = CURRENCY_SIGNS.get(currency)
     return f"{sign}{symbol}{text}" if symbol else f"{sign}{text} {currency}"
 

@@ -20,6 +20,7 @@ from dashboard.figures import Reports, dashboard_figures, primary_currency
 from dashboard.periods import PERIODS, Period, resolve
 from dashboard.render import render, static_file
 from quota.usage import account_usage, month_of
+from reports.money import dumps
 from reports.params import InvalidReportParameter, utc_today
 from storage.db import Database
 from storage.directory import Directory, InvalidArgument, SiteRecord
@@ -352,12 +353,13 @@ class Dashboard:
         if chosen not in currencies:
             chosen = main
         query["currency"] = "" if chosen == main else chosen
+        months = (movements or {}).get("currencies", {}).get(chosen, {}).get("months", [])
         body = render("revenue.html", user=user, site=site, base=f"/sites/{site_id}",
                       period=period, periods=PERIODS, query=query, error=error,
                       currencies=currencies, currency=chosen,
                       mrr=(mrr or {}).get("currencies", {}).get(chosen),
-                      movements=(movements or {}).get("currencies", {}).get(chosen, {}).get(
-                          "months", []),
+                      movements=months,
+                      movements_json=_script_json({"currency": chosen, "months": months}),
                       revenue=(revenue or {}).get("currencies", {}).get(chosen),
                       revenue_rows=_revenue_rows((revenue or {}).get("currencies", {}).get(chosen),
                                                  by),
@@ -478,8 +480,13 @@ def _chart_json(figures: dict, revenue: bool) -> str | None:
             money = (row.get("currencies") or row.get("revenue") or {}).get(currency) or {}
             net = money.get("net") if isinstance(money, dict) else money
             points["revenue"].append(float(net or 0))
-    # Inside <script type="application/json">: "<" is escaped so no text can close it.
-    return orjson.dumps(points).decode().replace("<", "\\u003c")
+    return _script_json(points)
+
+
+def _script_json(payload) -> str:
+    """JSON for a <script type="application/json"> block: "<" is escaped so no text can
+    close it; money (Decimal) is written as an exact number."""
+    return dumps(payload).decode().replace("<", "\\u003c")
 
 
 def _revenue_rows(entry: dict | None, by: str) -> list[dict]:
