@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
+from fractions import Fraction
 
 from dashboard.periods import Period
 from reports import params as report_params
+from reports.money import round_money
 from reports.params import InvalidReportParameter
 from reports.service import REPORTS, run_report
 from storage.db import Database
@@ -107,10 +109,13 @@ def _money(report: dict | None, currency: str | None, figure: str) -> Decimal | 
     return Decimal(0) if entry is None else entry[figure]
 
 
-def per_visitor(net: Decimal | None, visitors: int | None) -> Decimal | None:
+def per_visitor(net: Decimal | None, visitors: int | None, currency: str | None) -> Decimal | None:
+    """Net revenue / visitors, rounded half up once to the currency's minor unit."""
     if net is None or not visitors:
         return None if net is None else Decimal(0)
-    return (net / visitors).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    if currency is None:
+        return Decimal(0)
+    return round_money(Fraction(net) / visitors, currency)
 
 
 def dashboard_figures(reports: Reports, period: Period, *, filters: str, goal: str,
@@ -143,8 +148,8 @@ def dashboard_figures(reports: Reports, period: Period, *, filters: str, goal: s
         stats += [
             Stat("revenue", "Net revenue", "money", net, net_before, currency),
             Stat("revenue_per_visitor", "Revenue per visitor", "money",
-                 per_visitor(net, traffic.get("visitors")),
-                 per_visitor(net_before, traffic_before.get("visitors")), currency),
+                 per_visitor(net, traffic.get("visitors"), currency),
+                 per_visitor(net_before, traffic_before.get("visitors"), currency), currency),
             Stat("mrr", "MRR", "money", _money(money["mrr"], currency, "mrr"),
                  _money(money["mrr_before"], currency, "mrr"), currency),
         ]

@@ -10,9 +10,12 @@ from importlib import resources
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from reports.money import round_money
+
 STATIC_FILES = (
     "app.css",
     "dashboard.js",
+    "favicon.svg",
     "vendor/uplot/uPlot.iife.min.js",
     "vendor/uplot/uPlot.min.css",
 )
@@ -66,12 +69,10 @@ def money(value, currency: str | None) -> str:
         return "–"
     if currency is None:
         return number(value)
-    amount = Decimal(str(value))
+    amount = round_money(Decimal(str(value)), currency)
     sign = "-" if amount < 0 else ""
-    # The reports round to the currency's minor unit; keep their places (at least 2 when
-    # there are any, so 1234.5 reads 1,234.50).
     places = -amount.as_tuple().exponent
-    text = f"{abs(amount):,.{max(2, places)}f}" if places > 0 else f"{abs(amount):,}"
+    text = f"{abs(amount):,.{places}f}" if places > 0 else f"{abs(amount):,}"
     symbol = CURRENCY_SIGNS.get(currency)
     return f"{sign}{symbol}{text}" if symbol else f"{sign}{text} {currency}"
 

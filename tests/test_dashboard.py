@@ -222,7 +222,7 @@ def test_a_user_sees_only_the_sites_of_their_accounts(world):
     csrf = csrf_of(home)
     b_key = cli_json("key", "list", "--site", b["site"], db=world["db"])["keys"][0]["id"]
     a_key = cli_json("key", "list", "--site", a["site"], db=world["db"])["keys"][0]["id"]
-    for method, path, suffix in PAGE_ROUTES:
+    for method, path, _ in PAGE_ROUTES:
         if "{site_id}" not in path:
             continue
         for key in (b_key, a_key):
@@ -437,4 +437,4 @@ def test_pages_send_a_strict_csp_and_static_files_are_cached_long(world):
         assert resp.headers["Cache-Control"] == "public, max-age=31536000, immutable"
         assert resp.headers["X-Content-Type-Options"] == "nosniff"
     client.get("/static/0000/../../app.py", status=404)
-    client.get("/static/0000/app.css").headers["Cache-Control"] == "no-cache"
+    assert client.get("/static/0000/app.css").headers["Cache-Control"] == "no-cache"

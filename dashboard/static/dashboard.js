@@ -32,12 +32,13 @@
     var pending = null;
     window.addEventListener("resize", function () {
       clearTimeout(pending);
-      pending = setTimeout(function () { plot.setSize({ width: width(), height: plot.height }); }, 100);
+      pending = setTimeout(function () { plot.setSize({ width: width(), height: plot.height }); }, 50);
     });
     if (window.matchMedia) {
+      // Colours come from the theme: draw again when the system switches it.
       window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", function () {
         plot.destroy();
-        mount(element, makeOptions, data);
+        plot = new uPlot(makeOptions(width()), data, element);
       });
     }
   }
@@ -80,8 +81,9 @@
     mount(element, function (width) {
       return { width: width, height: 240, tzDate: function (ts) { return uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"); },
         scales: { x: { time: true } },
+        legend: { live: false },
         series: [
-          { value: "{YYYY}-{MM}" },
+          { label: "Month", value: "{YYYY}-{MM}" },
           { label: "MRR at month end", stroke: css("--series-1"), width: 2, value: money(payload.currency) },
           { label: "Net change", stroke: css("--series-2"), fill: css("--series-2") + "55",
             paths: uPlot.paths.bars({ size: [0.5, 40] }), value: money(payload.currency) },
