@@ -25,8 +25,8 @@ from api.records import CustomerRecord, PaymentRecord
 from api.script import TrackerScript
 from api.stats import add_stats_routes
 from config import Config
-from integrations.stripe.webhook import StripeWebhook
 from dashboard.web import Dashboard
+from integrations.stripe.webhook import StripeWebhook
 from storage.db import Database
 from storage.directory import Directory
 from storage.payments import PaymentStore
