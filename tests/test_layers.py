@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ingest",),  # the events queue and its flush pipeline
     ("api",),  # HTTP resources
     ("integrations",),  # endpoints for other services' webhooks (Stripe)
+    ("dashboard",),  # server-rendered pages: sign-in, a user's sites, settings, shared links
     ("app",),  # wiring: the WSGI application and its background services
     ("gunicorn.conf", "serving"),  # the server's hooks around the application; `tally serve`
     ("cli",),  # the `tally` command
