@@ -14,6 +14,7 @@ import falcon
 import orjson
 
 from api.bodies import read_limited
+from api.client_ip import client_ip
 from dashboard import filters as filter_text
 from dashboard import passwords
 from dashboard.figures import Reports, dashboard_figures, primary_currency
@@ -103,6 +104,7 @@ class Dashboard:
         self.random_bytes = random_bytes
         self.public_url = config.public_url
         self.secure_cookies = config.public_url.startswith("https://")
+        self.trusted_proxies = config.trusted_proxies
         self.users = Users(db, clock, random_bytes)
         self.shares = SharedLinks(db, clock, random_bytes)
         self.site_settings = SiteSettings(db)
@@ -188,10 +190,11 @@ class Dashboard:
             email = normalize_email(typed)
         except InvalidArgument:
             email = typed.lower()[:254]
-        client_ip = req.remote_addr or "unknown"
+        address = client_ip(req.remote_addr, req.get_header("X-Forwarded-For"),
+                            self.trusted_proxies) or "unknown"
         now_ms = int(self.clock() * 1000)
         by_email, by_ip, first = self.users.failures_since(
-            email, client_ip, now_ms - FAILED_LOGIN_WINDOW_MS)
+            email, address, now_ms - FAILED_LOGIN_WINDOW_MS)
         if by_email >= FAILED_LOGIN_LIMIT or by_ip >= FAILED_LOGIN_LIMIT:
             wait_s = max(1, (first + FAILED_LOGIN_WINDOW_MS - now_ms + 999) // 1000)
             resp.set_header("Retry-After", str(wait_s))
@@ -207,7 +210,7 @@ class Dashboard:
         else:
             ok = passwords.verify(user.password_hash, password)
         if not ok:
-            self.users.record_failure(email, client_ip)
+            self.users.record_failure(email, address)
             return self._login_page(resp, next_path, typed, "Wrong email or password.", 401)
         self.users.clear_failures(email)
         if passwords.needs_rehash(user.password_hash):

@@ -45,12 +45,14 @@ def world(world_db, tmp_path):
     tally.stop(timeout=5)
 
 
-def sign_in(client, email, password=seed.PASSWORD, ip="192.0.2.10", status=303):
+def sign_in(client, email, password=seed.PASSWORD, ip="192.0.2.10", status=303,
+            forwarded_for=None):
     page = client.get("/login")
     form = page.forms[0]
     form["email"] = email
     form["password"] = password
-    return form.submit(status=status, extra_environ={"REMOTE_ADDR": ip})
+    headers = {"X-Forwarded-For": forwarded_for} if forwarded_for else {}
+    return form.submit(status=status, extra_environ={"REMOTE_ADDR": ip}, headers=headers)
 
 
 def csrf_of(page) -> str:
@@ -208,6 +210,19 @@ def test_ten_failures_from_one_address_refuse_it_for_a_while(world):
     refused = sign_in(client, "owner-a@example.com", ip="198.51.100.7", status=429)
     assert "Too many failed sign-ins" in refused.text
     sign_in(client, "owner-a@example.com", ip="198.51.100.8")
+
+
+def test_behind_a_trusted_proxy_the_forwarded_address_is_throttled(world):
+    client = world["client"]
+    for n in range(FAILED_LOGIN_LIMIT):
+        sign_in(client, f"guess{n}@example.com", "wrong password", ip="127.0.0.1",
+                forwarded_for="198.51.100.7", status=401)
+    sign_in(client, "owner-a@example.com", ip="127.0.0.1", forwarded_for="198.51.100.7",
+            status=429)
+    # The proxy's other clients are not refused; an untrusted peer's header is not believed.
+    sign_in(client, "owner-a@example.com", ip="127.0.0.1", forwarded_for="198.51.100.8")
+    client.reset()
+    sign_in(client, "owner-b@example.com", ip="203.0.113.9", forwarded_for="198.51.100.7")
 
 
 # access across two accounts ---------------------------------------------------------
