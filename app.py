@@ -27,6 +27,7 @@ from api.stats import add_stats_routes
 from config import Config
 from dashboard.web import Dashboard
 from integrations.stripe.webhook import StripeWebhook
+from metrics.endpoint import MetricsResource, RequestMetrics
 from storage.db import Database
 from storage.directory import Directory
 from storage.payments import PaymentStore
@@ -71,6 +72,8 @@ class Tally:
         self.wsgi = falcon.App(media_type="application/json")
         media.install(self.wsgi)
         errors.install(self.wsgi)
+        self.wsgi.add_middleware(RequestMetrics())
+        self.wsgi.add_route("/metrics", MetricsResource(config.metrics_token, config.db_path))
         self.wsgi.add_route("/healthz", Health(db))
         self.wsgi.add_route("/api/v1/key", CurrentKey(self.auth))
         self.events = build_events(config, db, self.auth, self.directory, clock, random_bytes)

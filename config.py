@@ -32,6 +32,8 @@ class Config:
     # Where people reach Tally (scheme and host, e.g. https://tally.example.com); an https
     # URL makes the dashboard's cookies Secure, and the install snippet uses it.
     public_url: str = ""
+    log_format: str = "text"
+    metrics_token: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -44,6 +46,8 @@ class Config:
             log_level=(env.get("TALLY_LOG_LEVEL") or defaults.log_level).upper(),
             trusted_proxies=_networks(env, "TALLY_TRUSTED_PROXIES", defaults.trusted_proxies),
             public_url=_public_url(env),
+            log_format=_choice(env, "TALLY_LOG_FORMAT", ("text", "json"), defaults.log_format),
+            metrics_token=_metrics_token(env),
         )
 
 
@@ -98,3 +102,18 @@ def _public_url(env: Mapping[str, str]) -> str:
             c in rest for c in " ?#"):
         raise ConfigError(f"TALLY_PUBLIC_URL must look like https://tally.example.com, not {raw!r}")
     return raw.rstrip("/")
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = (env.get(name) or default).lower()
+    if raw not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {env.get(name)!r}")
+    return raw
+
+
+def _metrics_token(env: Mapping[str, str]) -> str | None:
+    token = env.get("TALLY_METRICS_TOKEN") or None
+    if token is not None and (len(token) < 16 or not token.isprintable() or " " in token):
+        raise ConfigError("TALLY_METRICS_TOKEN must be at least 16 printable characters "
+                          "without spaces")
+    return token

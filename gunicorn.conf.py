@@ -20,11 +20,16 @@ graceful_timeout = 30
 limit_request_line = 2048
 limit_request_fields = 50
 limit_request_field_size = 4096
+# Plain lines, or one JSON object per line with TALLY_LOG_FORMAT=json.
+logger_class = "serving.logs.TallyLogger"
 
 
 def on_starting(server):
     """Refuse to start, in the master, when the configuration is bad or the database
     cannot be opened, is corrupt or is read-only: a clear line and exit 1, no workers."""
+    from serving import metrics_folder
+
+    metrics_folder.prepare()  # before anything imports prometheus_client
     from config import ConfigError
     from storage.db import StorageError
 
@@ -59,3 +64,15 @@ def worker_exit(server, worker):
     wsgi = getattr(worker, "wsgi", None)
     if wsgi is not None and hasattr(wsgi, "stop"):
         wsgi.stop(timeout=graceful_timeout - 5)
+
+
+def child_exit(server, worker):
+    from serving import metrics_folder
+
+    metrics_folder.worker_gone(worker.pid)
+
+
+def on_exit(server):
+    from serving import metrics_folder
+
+    metrics_folder.remove()

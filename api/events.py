@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import falcon
 
+import metrics
 from api.auth import Authenticator, key_scope
 from api.bodies import parse_json, read_limited
 from api.caches import TTLCache
@@ -86,6 +87,7 @@ class EventsResource:
         month = self.months.name(now)
         usage_key = (site.account_id, month)
         if self.quota.over_cap(usage_key, site.plan):
+            metrics.events_refused("quota_exceeded", len(events))
             raise quota_exceeded(seconds_until_next_month(now))
 
         if kept:
@@ -95,7 +97,9 @@ class EventsResource:
             self.quota.hold(usage_key, counted)
             if not self.flusher.submit(unit):
                 self.quota.release(usage_key, counted)
+                metrics.events_refused("rate_limited", len(events))
                 raise rate_limited()
+        metrics.events_received(len(kept), len(events) - len(kept))
 
 
 def build_events(config, db, auth: Authenticator, directory, clock: Callable[[], float],

@@ -6,6 +6,7 @@ import logging
 
 import falcon
 
+import metrics
 from api.auth import Authenticator, key_scope
 from api.bodies import parse_json, read_limited
 from api.errors import ApiError, invalid_input, rate_limited
@@ -40,4 +41,5 @@ class PaymentsResource:
             log.error("storing payment %s for site %s failed: %s", payment.payment_id,
                       key.site_public_id, exc)
             raise ApiError(500, "internal_error", "the payment could not be stored; retry later") from None
+        metrics.payment_upserted()
         resp.media = {"ok": True, "data": {"payment_id": payment.payment_id}}

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import metrics
 from enrichment.enricher import Enricher
 from ingest.queue import Accepted, EventQueue
 from storage.db import Database, StorageBusy
@@ -110,6 +111,7 @@ class Flusher:
                 with self._rounds:
                     ticket = self._requested
                 due = time.monotonic() + self.interval
+                metrics.queue_depth(self.queue.held)
                 units = self.queue.take()
                 if units:
                     self._store(units)
@@ -127,6 +129,7 @@ class Flusher:
     def _store(self, units: list[Accepted]) -> None:
         batch = None
         delay, max_delay = self.backoff
+        started = time.monotonic()
         while True:
             try:
                 conn = self._connection()
@@ -135,6 +138,7 @@ class Flusher:
                 self._commit(conn, batch)
                 self.queue.stored(units)
                 self.stored_events += len(batch.rows)
+                metrics.events_flushed(len(batch.rows), time.monotonic() - started)
                 return
             except Exception as exc:
                 self.failures += 1

@@ -69,6 +69,19 @@ def openapi(world):
     assert world["a"]["id"] not in text and "pay_a" not in text
 
 
+def metrics(world):
+    """Metrics are no site's: an API key never reads them, and they name no site or id."""
+    assert get(world, "/metrics", 404)["error"]["code"] == "not_found"
+    token = "metrics-token-0123456789"
+    with_token = create_app(Config(db_path=world["db"].path, metrics_token=token))
+    client = webtest.TestApp(with_token)
+    resp = client.get("/metrics", headers=world["b"]["headers"], expect_errors=True)
+    assert resp.status_int == 401
+    text = client.get("/metrics", headers=bearer(token)).text
+    assert world["a"]["id"] not in text and "pay_a" not in text and "cus_a" not in text
+    with_token.stop(timeout=5)
+
+
 def current_key(world):
     assert get(world, "/api/v1/key")["data"]["site"] == world["b"]["id"]
 
@@ -208,6 +221,7 @@ CASES = {
     ("GET", "/healthz"): health,
     ("GET", "/api/v1/openapi.json"): openapi,
     ("GET", "/api/v1/key"): current_key,
+    ("GET", "/metrics"): metrics,
     ("POST", "/api/v1/events"): write_events,
     ("POST", "/api/v1/payments"): write_payments,
     ("POST", "/api/v1/collect"): collect,

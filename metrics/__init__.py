@@ -1,0 +1,64 @@
+"""Prometheus metrics of the service, added up over every gunicorn worker.
+
+Under gunicorn (`tally serve` or `gunicorn app:app`), gunicorn.conf.py calls
+`serving.metrics_folder.prepare()` in the master before anything imports prometheus_client, so
+every worker writes its values to files in one fresh folder (prometheus-client's
+multiprocess mode) and `GET /metrics` (metrics/endpoint.py) adds them up. Elsewhere (the
+in-process test app) the values stay in this process. Call sites use the small functions
+below, so instrumenting a step is one line.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# The values of this process, for when there is no multiprocess folder.
+LOCAL = CollectorRegistry(auto_describe=True)
+
+REQUESTS = Counter("tally_http_requests", "HTTP requests answered, by route template, method and status.",
+                   ["route", "method", "status"], registry=LOCAL)
+EVENTS = Counter("tally_events", "Events by outcome: accepted (queued), bot (dropped), refused with "
+                 "quota_exceeded (429) or rate_limited (503), stored (committed by a flush), "
+                 "dead_lettered (set aside by a flush that could not store them).",
+                 ["outcome"], registry=LOCAL)
+QUEUE_DEPTH = Gauge("tally_event_queue_depth", "Events waiting in the workers' queues at their last flush.",
+                    multiprocess_mode="livesum", registry=LOCAL)
+FLUSH_SECONDS = Histogram("tally_flush_duration_seconds", "Time to enrich and commit one flush batch.",
+                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+                          registry=LOCAL)
+FLUSH_BATCH = Histogram("tally_flush_batch_size", "Events stored by one flush.",
+                        buckets=(1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000), registry=LOCAL)
+PAYMENT_UPSERTS = Counter("tally_payment_upserts", "Payments stored or updated.", registry=LOCAL)
+REPORT_SECONDS = Histogram("tally_report_duration_seconds", "Time to answer a stats request, by route.",
+                           ["route"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+                           registry=LOCAL)
+
+
+def events_received(accepted: int, bots: int) -> None:
+    if accepted:
+        EVENTS.labels("accepted").inc(accepted)
+    if bots:
+        EVENTS.labels("bot").inc(bots)
+
+
+def events_refused(code: str, count: int) -> None:
+    """code: quota_exceeded (429) or rate_limited (503)."""
+    EVENTS.labels(code).inc(count)
+
+
+def events_flushed(count: int, seconds: float) -> None:
+    EVENTS.labels("stored").inc(count)
+    FLUSH_BATCH.observe(count)
+    FLUSH_SECONDS.observe(seconds)
+
+
+def events_dead_lettered(count: int) -> None:
+    EVENTS.labels("dead_lettered").inc(count)
+
+
+def queue_depth(events: int) -> None:
+    QUEUE_DEPTH.set(events)
+
+
+def payment_upserted() -> None:
+    PAYMENT_UPSERTS.inc()

@@ -1,0 +1,83 @@
+"""GET /metrics in Prometheus text format, and the middleware that counts requests.
+
+Off (404) unless TALLY_METRICS_TOKEN is set; then it requires `Authorization: Bearer
+<token>`. Database and WAL sizes are read from the files at each scrape.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from api.errors import not_found, unauthorized
+from metrics import LOCAL, REPORT_SECONDS, REQUESTS
+from serving import metrics_folder
+
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+REPORT_ROUTES = "/api/v1/stats/"
+
+
+class DatabaseSizes:
+    def __init__(self, path: str):
+        self.path = path
+
+    def collect(self):
+        for name, path, help_text in (
+                ("tally_database_size_bytes", self.path, "Size of the SQLite database file."),
+                ("tally_wal_size_bytes", self.path + "-wal", "Size of its write-ahead log.")):
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                size = 0
+            yield GaugeMetricFamily(name, help_text, value=size)
+
+
+class MetricsResource:
+    def __init__(self, token: str | None, db_path: str):
+        self.token = token.encode() if token else None
+        self.sizes = DatabaseSizes(db_path)
+
+    def on_get(self, req, resp):
+        if self.token is None:
+            raise not_found("metrics are off: set TALLY_METRICS_TOKEN")
+        given = (req.get_header("Authorization") or "").encode()
+        if not hmac.compare_digest(given, b"Bearer " + self.token):
+            raise unauthorized("a valid metrics token is required")
+        resp.content_type = CONTENT_TYPE_LATEST
+        resp.data = generate_latest(self.registry())
+
+    def registry(self) -> CollectorRegistry:
+        if metrics_folder.directory is None:
+            registry = CollectorRegistry()
+            registry.register(_Local())
+        else:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=metrics_folder.directory)
+        registry.register(self.sizes)
+        return registry
+
+
+class _Local:
+    def collect(self):
+        return LOCAL.collect()
+
+
+class RequestMetrics:
+    """Falcon middleware: requests by route template (never the raw path), method, status."""
+
+    def process_request(self, req, resp):
+        req.context.metrics_started = time.monotonic()
+
+    def process_response(self, req, resp, resource, req_succeeded):
+        route = req.uri_template or "unmatched"
+        method = req.method if req.method in METHODS else "other"
+        REQUESTS.labels(route, method, str(resp.status_code)).inc()
+        if route.startswith(REPORT_ROUTES):
+            started = getattr(req.context, "metrics_started", None)
+            if started is not None:
+                REPORT_SECONDS.labels(route).observe(time.monotonic() - started)
