@@ -27,6 +27,15 @@ from reports.text import mrr_lines, revenue_lines, traffic_lines
 from storage.check import run_checks
 from storage.db import Database, StorageError
 from storage.directory import Directory, InvalidArgument, NotFound
+from storage.maintenance import (
+    MaintenanceError,
+    backup,
+    delete_raw_traffic,
+    erase_customer,
+    erase_visitor,
+    sites_with_raw_traffic,
+    unstored_days,
+)
 from storage.shares import SharedLinks
 from storage.stripe import StripeStore
 from storage.users import Users
@@ -50,6 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--bind", metavar="ADDR", help="HOST:PORT or unix:PATH (default 127.0.0.1:8000)")
     serve.add_argument("--workers", type=_workers, metavar="N", help="worker processes (default 2)")
     commands.add_parser("check", help="integrity check, and monthly usage against stored events")
+    backup = commands.add_parser("backup", help="a consistent copy of the database, while it serves")
+    backup.add_argument("path", metavar="PATH", help="a new file (never overwritten)")
+    prune = commands.add_parser("prune", help="delete raw events and sessions before a day")
+    prune.add_argument("--before", metavar="YYYY-MM-DD",
+                       help="first UTC day kept (default: today minus TALLY_RETENTION_DAYS)")
+    customer = commands.add_parser("customer", help="customers").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    erase = customer.add_parser("erase", help="erase a customer's personal data")
+    erase.add_argument("--site", required=True, metavar="SITE_ID")
+    erase.add_argument("--customer", required=True, metavar="CUSTOMER_ID")
+    visitor = commands.add_parser("visitor", help="visitors").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    erase = visitor.add_parser("erase", help="erase a visitor's events, sessions and links")
+    erase.add_argument("--site", required=True, metavar="SITE_ID")
+    erase.add_argument("--visitor", required=True, metavar="VISITOR_ID",
+                       help="a visitor id as stored (signed 64-bit decimal)")
     usage = commands.add_parser("usage", help="an account's counted events in a month")
     usage.add_argument("account_id", metavar="ACCOUNT_ID")
     usage.add_argument("--month", metavar="YYYY-MM", help="UTC month (default: this one)")
@@ -209,6 +234,99 @@ def _check(args, ctx):
         lines.append(f"usage: {len(report.mismatches)} mismatches")
         lines += table(report.mismatches, ["account", "month", "usage", "events"])
     return report.as_json(), lines, 0 if report.ok else 1
+
+
+@command("backup")
+def _backup(args, ctx):
+    result = backup(ctx.db, args.path)
+    data = {"path": result.path, "bytes": result.bytes, "user_version": result.user_version,
+            "integrity": result.integrity}
+    return data, [f"backup written to {result.path} ({result.bytes} bytes, schema version "
+                  f"{result.user_version}, integrity {result.integrity})"]
+
+
+@command("prune")
+def _prune(args, ctx):
+    from datetime import date
+
+    from reports.days import DIMENSIONS
+    from reports.retention import cutoff_ms, earliest_allowed_cutoff, store_days
+
+    now_ms = int(ctx.clock() * 1000)
+    latest = earliest_allowed_cutoff(now_ms)
+    if args.before is not None:
+        try:
+            before = date.fromisoformat(args.before)
+        except ValueError:
+            raise CliError(f"--before must be a date YYYY-MM-DD, not {args.before!r}") from None
+    elif ctx.config.retention_days is not None:
+        before = date.fromordinal(latest.toordinal() + 1 - ctx.config.retention_days)
+    else:
+        raise CliError("give --before YYYY-MM-DD or set TALLY_RETENTION_DAYS")
+    if before > latest:
+        raise CliError(f"--before must be {latest.isoformat()} or earlier: later days can still "
+                       "change, so their figures cannot be stored yet")
+    before_ms = cutoff_ms(before)
+    totals = {"events": 0, "sessions": 0, "kept_sessions": 0, "days_stored": 0}
+    for site_id in sites_with_raw_traffic(ctx.db, before_ms):
+        missing = unstored_days(ctx.db, site_id, before_ms, len(DIMENSIONS))
+        for _ in range(3):  # storing yields to a busy writer; try again
+            if not missing:
+                break
+            store_days(ctx.db, site_id, missing, now_ms)
+            totals["days_stored"] += len(missing)
+            missing = unstored_days(ctx.db, site_id, before_ms, len(DIMENSIONS))
+        if missing:
+            raise CliError(f"the traffic of {len(missing)} days could not be stored (database "
+                           "busy, or a visit still open); nothing of them was deleted, try again")
+        result = delete_raw_traffic(ctx.db, site_id, before_ms)
+        totals["events"] += result.events
+        totals["sessions"] += result.sessions
+        totals["kept_sessions"] += result.kept_sessions
+    data = {"before": before.isoformat(), **totals}
+    return data, [f"deleted {totals['events']} events and {totals['sessions']} sessions before "
+                  f"{before.isoformat()}; kept {totals['kept_sessions']} first-touch sessions; "
+                  f"stored the figures of {totals['days_stored']} days"]
+
+
+def _site_of(ctx, public_id: str):
+    site = ctx.directory.find_site(public_id)
+    if site is None:
+        raise NotFound(f"no site {public_id}")
+    return site
+
+
+@command("customer", "erase")
+def _customer_erase(args, ctx):
+    site = _site_of(ctx, args.site)
+    result = erase_customer(ctx.db, site.id, args.customer, int(ctx.clock() * 1000))
+    if result is None:
+        raise NotFound(f"no customer {args.customer} on site {args.site}")
+    data = {"site": args.site, "customer": args.customer,
+            "erased": ["email", "name", "metadata", "user_id", "visitor_id"],
+            "identity_links": result.identities, "events_user_id_cleared": result.events}
+    return data, [f"erased the personal data of customer {args.customer}: email, name, metadata, "
+                  f"user id and visitor id; {result.identities} identity links and the user id on "
+                  f"{result.events} events. Its payments and subscriptions are kept."]
+
+
+@command("visitor", "erase")
+def _visitor_erase(args, ctx):
+    site = _site_of(ctx, args.site)
+    try:
+        visitor_id = int(args.visitor)
+    except ValueError:
+        raise CliError(f"--visitor must be a visitor id (signed 64-bit decimal), not {args.visitor!r}") from None
+    if not -(2**63) <= visitor_id < 2**63:
+        raise CliError("--visitor is out of the 64-bit range")
+    result = erase_visitor(ctx.db, site.id, visitor_id, int(ctx.clock() * 1000))
+    data = {"site": args.site, "visitor": args.visitor, "events": result.events,
+            "sessions": result.sessions, "anonymized_sessions": result.anonymized_sessions,
+            "identity_links": result.identities, "customer_links": result.customers}
+    return data, [f"erased visitor {args.visitor}: {result.events} events, {result.sessions} "
+                  f"sessions, {result.identities} identity links, {result.customers} "
+                  f"customer links; {result.anonymized_sessions} first-touch sessions kept "
+                  "without the visitor id"]
 
 
 @command("usage")
@@ -411,7 +529,7 @@ def main(argv: Sequence[str] | None = None, *, context: Context | None = None) -
         handler = HANDLERS[(args.group, getattr(args, "action", None))]
         # A handler may add an exit status: (json_object, human_lines, status).
         result, lines, *status = handler(args, ctx)
-    except (CliError, NotFound, InvalidArgument, ConfigError, StorageError) as exc:
+    except (CliError, NotFound, InvalidArgument, ConfigError, StorageError, MaintenanceError) as exc:
         print(f"tally: {exc}", file=sys.stderr)
         return 1
     if as_json:

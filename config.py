@@ -34,6 +34,7 @@ class Config:
     public_url: str = ""
     log_format: str = "text"
     metrics_token: str | None = None
+    retention_days: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -48,6 +49,7 @@ class Config:
             public_url=_public_url(env),
             log_format=_choice(env, "TALLY_LOG_FORMAT", ("text", "json"), defaults.log_format),
             metrics_token=_metrics_token(env),
+            retention_days=_positive_int(env, "TALLY_RETENTION_DAYS", None),
         )
 
 
@@ -67,7 +69,7 @@ def _networks(env: Mapping[str, str], name: str, default: tuple) -> tuple:
     return tuple(networks)
 
 
-def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+def _positive_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = env.get(name)
     if not raw:
         return default

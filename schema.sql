@@ -501,4 +501,17 @@ CREATE TABLE IF NOT EXISTS shared_links (
 );
 CREATE INDEX IF NOT EXISTS shared_links_site ON shared_links (site_id);
 
-PRAGMA user_version = 11;
+-- Retention and erasure (issue 16) ------------------------------------------
+-- Counted events deleted by `tally prune` or `tally visitor erase`, per account and UTC
+-- month of their ts, with those near the month's start or end (storage/check.py): the
+-- usage they were billed under stays, and `tally check` adds these to the stored events.
+CREATE TABLE IF NOT EXISTS deleted_events (
+    account_id  INTEGER NOT NULL REFERENCES accounts (id),
+    month       TEXT    NOT NULL CHECK (length(month) = 7),
+    events      INTEGER NOT NULL CHECK (events >= 0),
+    early       INTEGER NOT NULL CHECK (early >= 0),
+    late        INTEGER NOT NULL CHECK (late >= 0),
+    PRIMARY KEY (account_id, month)
+) WITHOUT ROWID;
+
+PRAGMA user_version = 12;

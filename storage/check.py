@@ -32,6 +32,8 @@ SELECT s.account_id,
  GROUP BY s.account_id, month
 """
 USAGE = "SELECT account_id, month, events FROM monthly_usage"
+# Counted events deleted by retention or erasure (storage/maintenance.py), same columns.
+DELETED = "SELECT account_id, month, events, early, late FROM deleted_events"
 ACCOUNT_IDS = "SELECT id, public_id FROM accounts"
 TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('events', 'monthly_usage')"
 
@@ -81,6 +83,12 @@ def usage_mismatches(conn: sqlite3.Connection) -> tuple[list[dict], int]:
         stored[(account, month)] = count
         may_leave_early[(account, month)] = early
         may_leave_late[(account, month)] = late
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'deleted_events'").fetchone():
+        for account, month, count, early, late in conn.execute(DELETED):
+            key = (account, month)
+            stored[key] = stored.get(key, 0) + count
+            may_leave_early[key] = may_leave_early.get(key, 0) + early
+            may_leave_late[key] = may_leave_late.get(key, 0) + late
     usage = {(account, month): events for account, month, events in conn.execute(USAGE)}
     names = dict(conn.execute(ACCOUNT_IDS).fetchall())
 

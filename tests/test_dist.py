@@ -4,6 +4,8 @@ folder and run there with a python3 outside the project's venv."""
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,3 +138,75 @@ def test_the_build_holds_every_run_time_module_and_the_packaged_sources(pyz):
     missing = in_repo - NOT_SHIPPED - shipped
     assert not missing, (f"{sorted(missing)} would be missing from dist/tally.pyz: add them to "
                          "setup.cfg (py_modules or packages.find include), or to NOT_SHIPPED here")
+
+
+UNIT = REPO / "docs" / "deploy" / "systemd" / "tally.service"
+
+
+def unit_settings() -> list[tuple[str, str]]:
+    settings = []
+    for line in UNIT.read_text().splitlines():
+        if line and not line.startswith(("#", "[")):
+            name, _, value = line.partition("=")
+            settings.append((name, value))
+    return settings
+
+
+def test_the_systemd_unit_verifies():
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze is not installed")
+    settings = dict(unit_settings())
+    for wanted in ("ProtectSystem", "ReadWritePaths", "Restart", "User", "NoNewPrivileges"):
+        assert wanted in settings, wanted
+    assert (settings["ProtectSystem"], settings["Restart"]) == ("strict", "on-failure")
+    proc = subprocess.run([tool, "verify", str(UNIT)], capture_output=True, text=True, timeout=60)
+    complaints = [line for line in (proc.stdout + proc.stderr).splitlines() if "tally.service" in line]
+    assert proc.returncode == 0 and not complaints, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_the_systemd_command_lines_run_the_one_file(pyz, tmp_path):
+    """ExecStartPre and ExecStart as the unit has them, with its Environment, against
+    the built file: only the paths (and the port) move into the test's folder."""
+    port = free_port()
+    moves = {"/opt/tally/tally.pyz": str(tmp_path / "opt" / "tally.pyz"),
+             "/var/lib/tally": str(tmp_path / "state"), "/var/cache/tally": str(tmp_path / "cache"),
+             "127.0.0.1:8000": f"127.0.0.1:{port}", "/usr/bin/python3": python3_outside_the_venv()}
+
+    def moved(text: str) -> str:
+        for old, new in moves.items():
+            text = text.replace(old, new)
+        return text
+
+    (tmp_path / "opt").mkdir()
+    (tmp_path / "state").mkdir()
+    shutil.copyfile(pyz, tmp_path / "opt" / "tally.pyz")
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    commands = {}
+    for name, value in unit_settings():
+        if name == "Environment":
+            key, _, val = value.partition("=")
+            env[key] = moved(val)
+        elif name in ("ExecStartPre", "ExecStart", "WorkingDirectory"):
+            commands[name] = moved(value)
+    assert env["TALLY_DB"].startswith(str(tmp_path)) and "SHIV_ROOT" in env
+    cwd = commands["WorkingDirectory"]
+    subprocess.run(shlex.split(commands["ExecStartPre"]), cwd=cwd, env=env, check=True,
+                   capture_output=True, timeout=120)
+    log = open(tmp_path / "unit.log", "wb")
+    server = subprocess.Popen(shlex.split(commands["ExecStart"]), cwd=cwd, env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not _up(f"http://127.0.0.1:{port}"):
+            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "unit.log").read_text()
+            time.sleep(0.2)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(60)
+        log.close()
+    assert code == 0
+    lines = (tmp_path / "unit.log").read_text().splitlines()
+    assert lines and all(orjson.loads(line)["level"] for line in lines if line.strip())
+    assert list((tmp_path / "cache").iterdir()), "shiv unpacked into SHIV_ROOT"

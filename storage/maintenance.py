@@ -1,0 +1,293 @@
+"""What an operator runs with `tally`: a consistent copy of a live database, deleting raw
+traffic past the retention period, and erasing a customer's or a visitor's personal data.
+
+Each long delete goes in batches of BATCH rows, one short transaction each, so the flush
+threads of a running server wait for the write lock at most one batch at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from storage.check import FUTURE_SKEW_MS, PAST_SKEW_MS, UNCOUNTED_EVENTS
+from storage.db import Database
+
+BATCH = 5_000
+
+
+class MaintenanceError(Exception):
+    """The operation cannot be done as asked; the message says why."""
+
+
+# Backups -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BackupResult:
+    path: str
+    bytes: int
+    user_version: int
+    integrity: str
+
+
+def backup(db: Database, destination: str) -> BackupResult:
+    """Copy the database with SQLite's online backup API in one step: one read snapshot, so
+    the copy is consistent while the server goes on writing (WAL readers block no writer).
+    Written beside the destination and renamed into place once checked; never overwrites."""
+    target_path = Path(destination)
+    if target_path.exists():
+        raise MaintenanceError(f"{destination} already exists; give a new file name")
+    if not target_path.parent.is_dir():
+        raise MaintenanceError(f"no folder {target_path.parent}")
+    if not Path(db.path).is_file():
+        raise MaintenanceError(f"no database at {db.path}")
+    partial = target_path.with_name(target_path.name + ".partial")
+    partial.unlink(missing_ok=True)
+    source = sqlite3.connect(db.path, timeout=db.busy_timeout_ms / 1000)
+    try:
+        target = sqlite3.connect(partial)
+        try:
+            source.backup(target)  # pages=-1: the whole file within one read transaction
+            # A backup is one self-contained file: no -wal beside it.
+            target.execute("PRAGMA journal_mode = DELETE")
+            integrity = target.execute("PRAGMA quick_check").fetchone()[0]
+            version = target.execute("PRAGMA user_version").fetchone()[0]
+        finally:
+            target.close()
+    finally:
+        source.close()
+    if integrity != "ok":
+        partial.unlink(missing_ok=True)
+        raise MaintenanceError(f"the copy failed its integrity check: {integrity}")
+    with open(partial, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(partial, target_path)
+    _fsync_folder(target_path.parent)
+    return BackupResult(str(target_path), target_path.stat().st_size, version, integrity)
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# Retention -----------------------------------------------------------------------------
+
+_SITES_WITH_RAW = (
+    "SELECT id FROM sites WHERE EXISTS (SELECT 1 FROM events WHERE site_id = sites.id AND ts < ?)"
+    " OR EXISTS (SELECT 1 FROM sessions WHERE site_id = sites.id AND started_at < ?)"
+)
+_RAW_DAYS = (
+    "SELECT DISTINCT ts / 86400000 FROM events WHERE site_id = ? AND ts < ?"
+    " UNION SELECT DISTINCT started_at / 86400000 FROM sessions WHERE site_id = ? AND started_at < ?"
+)
+_STORED_DAY = (
+    "SELECT (SELECT count(*) FROM traffic_days WHERE site_id = ? AND day = ?),"
+    " (SELECT count(*) FROM traffic_day_dimensions WHERE site_id = ? AND day = ?)"
+)
+_OLD_EVENT_IDS = "SELECT id FROM events WHERE site_id = ? AND ts < ? LIMIT ?"
+_DELETE_EVENTS = "DELETE FROM events WHERE id IN (SELECT value FROM json_each(?))"
+# The counted events among those about to be deleted, as storage/check.py counts them.
+_RECORD_DELETED = """
+INSERT INTO deleted_events (account_id, month, events, early, late)
+SELECT s.account_id,
+       strftime('%Y-%m', e.ts / 1000, 'unixepoch') AS month,
+       count(*),
+       sum(e.ts < (unixepoch(e.ts / 1000, 'unixepoch', 'start of month') * 1000 + ?)),
+       sum(e.ts >= (unixepoch(e.ts / 1000, 'unixepoch', 'start of month', '+1 month') * 1000 - ?))
+  FROM events e JOIN sites s ON s.id = e.site_id
+ WHERE e.id IN (SELECT value FROM json_each(?)) AND e.name <> ?
+ GROUP BY s.account_id, month
+ ON CONFLICT (account_id, month) DO UPDATE SET events = events + excluded.events,
+    early = early + excluded.early, late = late + excluded.late
+"""
+
+
+def _delete_events(conn: sqlite3.Connection, ids: list[int]) -> int:
+    """Delete events by id, keeping the count of the counted ones for `tally check`."""
+    batch = orjson.dumps(ids).decode()
+    conn.execute(_RECORD_DELETED, (FUTURE_SKEW_MS, PAST_SKEW_MS, batch, *UNCOUNTED_EVENTS))
+    return conn.execute(_DELETE_EVENTS, (batch,)).rowcount
+# A session some customer's first touch points at is kept: revenue by channel reads it.
+# One still being extended (seen after the cut-off) is kept too.
+_OLD_SESSIONS = (
+    "SELECT id FROM sessions WHERE site_id = ? AND started_at < ? AND last_seen_at < ?"
+    " AND id NOT IN (SELECT session_id FROM customer_first_touch"
+    "                 WHERE site_id = ? AND session_id IS NOT NULL)"
+    " LIMIT ?"
+)
+_KEPT_SESSIONS = "SELECT count(*) FROM sessions WHERE site_id = ? AND started_at < ?"
+_DELETE_SESSION_VISITORS = "DELETE FROM session_visitors WHERE session_id IN (SELECT value FROM json_each(?))"
+_DELETE_SESSIONS = "DELETE FROM sessions WHERE id IN (SELECT value FROM json_each(?))"
+
+
+def sites_with_raw_traffic(db: Database, before_ms: int) -> list[int]:
+    return [row[0] for row in db.conn().execute(_SITES_WITH_RAW, (before_ms, before_ms))]
+
+
+def unstored_days(db: Database, site_id: int, before_ms: int, dimensions: int) -> list[int]:
+    """Days with raw traffic before the cut-off whose figures are not all stored."""
+    conn = db.conn()
+    days = [row[0] for row in conn.execute(_RAW_DAYS, (site_id, before_ms, site_id, before_ms))]
+    missing = []
+    for day in sorted(days):
+        totals, stored_dimensions = conn.execute(_STORED_DAY, (site_id, day, site_id, day)).fetchone()
+        if totals != 1 or stored_dimensions != dimensions:
+            missing.append(day)
+    return missing
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    events: int
+    sessions: int
+    kept_sessions: int
+
+
+def delete_raw_traffic(db: Database, site_id: int, before_ms: int) -> PruneResult:
+    """Delete a site's events and sessions before the cut-off (not its first-touch sessions)."""
+    events = sessions = 0
+    while True:
+        with db.transaction() as conn:
+            ids = [row[0] for row in conn.execute(_OLD_EVENT_IDS, (site_id, before_ms, BATCH))]
+            deleted = _delete_events(conn, ids)
+        events += deleted
+        if deleted < BATCH:
+            break
+    while True:
+        with db.transaction() as conn:
+            ids = [row[0] for row in conn.execute(
+                _OLD_SESSIONS, (site_id, before_ms, before_ms, site_id, BATCH))]
+            if ids:
+                batch = orjson.dumps(ids).decode()
+                conn.execute(_DELETE_SESSION_VISITORS, (batch,))
+                conn.execute(_DELETE_SESSIONS, (batch,))
+        sessions += len(ids)
+        if len(ids) < BATCH:
+            break
+    kept = db.conn().execute(_KEPT_SESSIONS, (site_id, before_ms)).fetchone()[0]
+    return PruneResult(events, sessions, kept)
+
+
+# Erasure -------------------------------------------------------------------------------
+
+_CUSTOMER = "SELECT user_id, visitor_id FROM customers WHERE site_id = ? AND customer_id = ?"
+_FIRST_TOUCH = "SELECT session_id FROM customer_first_touch WHERE site_id = ? AND customer_id = ?"
+# Setting user_id and visitor_id fires the trigger that recomputes the first touch (from no
+# link: none); _KEEP_FIRST_TOUCH then puts back the one found before.
+_ERASE_CUSTOMER = (
+    "UPDATE customers SET email = NULL, name = NULL, metadata = NULL, user_id = NULL,"
+    " visitor_id = NULL, updated_at = ? WHERE site_id = ? AND customer_id = ?"
+)
+_KEEP_FIRST_TOUCH = (
+    "UPDATE customer_first_touch SET session_id = ? WHERE site_id = ? AND customer_id = ?"
+)
+_OTHER_CUSTOMER_WITH_USER = (
+    "SELECT 1 FROM customers WHERE site_id = ? AND user_id = ? AND customer_id <> ? LIMIT 1"
+)
+_DELETE_IDENTITIES_OF_USER = "DELETE FROM visitor_identities WHERE site_id = ? AND uid = ?"
+_CLEAR_EVENT_UIDS = (
+    "UPDATE events SET uid = NULL WHERE id IN"
+    " (SELECT id FROM events WHERE site_id = ? AND uid = ? LIMIT ?)"
+)
+
+
+@dataclass(frozen=True)
+class CustomerErasure:
+    identities: int
+    events: int
+
+
+def erase_customer(db: Database, site_id: int, customer_id: str, now_ms: int) -> CustomerErasure | None:
+    """Clear a customer's email, name, metadata, user id and visitor id, the $identify links
+    of its user id and that user id on stored events. None when there is no such customer."""
+    identities = 0
+    with db.transaction() as conn:
+        row = conn.execute(_CUSTOMER, (site_id, customer_id)).fetchone()
+        if row is None:
+            return None
+        user_id = row[0]
+        touch = conn.execute(_FIRST_TOUCH, (site_id, customer_id)).fetchone()
+        conn.execute(_ERASE_CUSTOMER, (now_ms, site_id, customer_id))
+        if touch is not None:
+            conn.execute(_KEEP_FIRST_TOUCH, (touch[0], site_id, customer_id))
+        shared = user_id is not None and conn.execute(
+            _OTHER_CUSTOMER_WITH_USER, (site_id, user_id, customer_id)).fetchone()
+        if user_id is not None and not shared:
+            identities = conn.execute(_DELETE_IDENTITIES_OF_USER, (site_id, user_id)).rowcount
+    events = 0
+    while user_id is not None:
+        with db.transaction() as conn:
+            cleared = conn.execute(_CLEAR_EVENT_UIDS, (site_id, user_id, BATCH)).rowcount
+        events += cleared
+        if cleared < BATCH:
+            break
+    return CustomerErasure(identities, events)
+
+
+_VISITOR_SESSIONS = "SELECT session_id FROM session_visitors WHERE site_id = ? AND visitor_id = ?"
+_FIRST_TOUCH_SESSIONS = (
+    "SELECT session_id FROM customer_first_touch WHERE site_id = ?"
+    " AND session_id IN (SELECT value FROM json_each(?))"
+)
+_ANONYMIZE_SESSIONS = "UPDATE sessions SET visitor_id = 0 WHERE id IN (SELECT value FROM json_each(?))"
+_DELETE_VISITOR_LINKS = "DELETE FROM session_visitors WHERE site_id = ? AND visitor_id = ?"
+_DELETE_VISITOR_IDENTITIES = "DELETE FROM visitor_identities WHERE site_id = ? AND visitor_id = ?"
+_CUSTOMERS_OF_VISITOR = "SELECT customer_id FROM customers WHERE site_id = ? AND visitor_id = ?"
+_CLEAR_CUSTOMER_VISITOR = (
+    "UPDATE customers SET visitor_id = NULL, updated_at = ? WHERE site_id = ? AND customer_id = ?"
+)
+# The visitor's events, and those of its deleted sessions under another visitor id (the
+# same browser after midnight UTC, when the daily visitor id changes).
+_VISITOR_EVENTS = (
+    "SELECT id FROM events WHERE site_id = ? AND"
+    " (visitor_id = ? OR session_id IN (SELECT value FROM json_each(?))) LIMIT ?"
+)
+
+
+@dataclass(frozen=True)
+class VisitorErasure:
+    events: int
+    sessions: int
+    anonymized_sessions: int
+    identities: int
+    customers: int
+
+
+def erase_visitor(db: Database, site_id: int, visitor_id: int, now_ms: int) -> VisitorErasure:
+    """Delete a visitor's events, sessions, identity links and customer links. A session
+    that is a customer's first touch is kept without its visitor id (visitor_id 0), so that
+    customer's revenue stays on the channel it came from."""
+    with db.transaction() as conn:
+        ids = sorted({row[0] for row in conn.execute(_VISITOR_SESSIONS, (site_id, visitor_id))})
+        batch = orjson.dumps(ids).decode()
+        kept = [row[0] for row in conn.execute(_FIRST_TOUCH_SESSIONS, (site_id, batch))]
+        gone = orjson.dumps([i for i in ids if i not in set(kept)]).decode()
+        customers = [row[0] for row in conn.execute(_CUSTOMERS_OF_VISITOR, (site_id, str(visitor_id)))]
+        touches = {c: conn.execute(_FIRST_TOUCH, (site_id, c)).fetchone() for c in customers}
+        for customer in customers:
+            conn.execute(_CLEAR_CUSTOMER_VISITOR, (now_ms, site_id, customer))
+            if touches[customer] is not None:
+                conn.execute(_KEEP_FIRST_TOUCH, (touches[customer][0], site_id, customer))
+        conn.execute(_DELETE_VISITOR_LINKS, (site_id, visitor_id))
+        conn.execute(_DELETE_SESSION_VISITORS, (gone,))
+        conn.execute(_DELETE_SESSIONS, (gone,))
+        conn.execute(_ANONYMIZE_SESSIONS, (orjson.dumps(kept).decode(),))
+        identities = conn.execute(_DELETE_VISITOR_IDENTITIES, (site_id, visitor_id)).rowcount
+    events = 0
+    while True:
+        with db.transaction() as conn:
+            event_ids = [row[0] for row in conn.execute(
+                _VISITOR_EVENTS, (site_id, visitor_id, gone, BATCH))]
+            deleted = _delete_events(conn, event_ids)
+        events += deleted
+        if deleted < BATCH:
+            break
+    return VisitorErasure(events, len(ids) - len(kept), len(kept), identities, len(customers))
