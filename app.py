@@ -19,6 +19,7 @@ from api import errors, media
 from api.auth import Authenticator, key_scope
 from api.collect import CollectResource
 from api.events import build_events
+from api.metrics import MetricsResource, RequestMetrics
 from api.openapi import OpenApiDocument
 from api.payments import PaymentsResource
 from api.records import CustomerRecord, PaymentRecord
@@ -27,7 +28,6 @@ from api.stats import add_stats_routes
 from config import Config
 from dashboard.web import Dashboard
 from integrations.stripe.webhook import StripeWebhook
-from metrics.endpoint import MetricsResource, RequestMetrics
 from storage.db import Database
 from storage.directory import Directory
 from storage.payments import PaymentStore

@@ -3,7 +3,7 @@
 Under gunicorn (`tally serve` or `gunicorn app:app`), gunicorn.conf.py calls
 `serving.metrics_folder.prepare()` in the master before anything imports prometheus_client, so
 every worker writes its values to files in one fresh folder (prometheus-client's
-multiprocess mode) and `GET /metrics` (metrics/endpoint.py) adds them up. Elsewhere (the
+multiprocess mode) and `GET /metrics` (api/metrics.py) adds them up. Elsewhere (the
 in-process test app) the values stay in this process. Call sites use the small functions
 below, so instrumenting a step is one line.
 """

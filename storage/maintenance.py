@@ -14,8 +14,9 @@ from pathlib import Path
 
 import orjson
 
-from storage.check import FUTURE_SKEW_MS, PAST_SKEW_MS, UNCOUNTED_EVENTS
+from storage.check import UNCOUNTED_EVENTS
 from storage.db import Database
+from vocabulary import TS_FUTURE_MS, TS_PAST_MS
 
 BATCH = 5_000
 
@@ -113,7 +114,7 @@ SELECT s.account_id,
 def _delete_events(conn: sqlite3.Connection, ids: list[int]) -> int:
     """Delete events by id, keeping the count of the counted ones for `tally check`."""
     batch = orjson.dumps(ids).decode()
-    conn.execute(_RECORD_DELETED, (FUTURE_SKEW_MS, PAST_SKEW_MS, batch, *UNCOUNTED_EVENTS))
+    conn.execute(_RECORD_DELETED, (TS_FUTURE_MS, TS_PAST_MS, batch, *UNCOUNTED_EVENTS))
     return conn.execute(_DELETE_EVENTS, (batch,)).rowcount
 # A session some customer's first touch points at is kept: revenue by channel reads it.
 # One still being extended (seen after the cut-off) is kept too.

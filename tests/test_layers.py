@@ -17,6 +17,7 @@ from tests.test_sql_safety import SKIPPED_DIRS, SQL
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("vocabulary", "config"),  # shared words and numbers; the settings (the only os.environ)
     ("tracker",),  # the tracking script, package data served at /js/tally.js
+    ("metrics",),  # Prometheus instruments, called from any layer above
     ("validation",),  # pure checks of request bodies and the values they return
     ("integrations.stripe.mapping",),  # Stripe's events as validated values (pure)
     ("storage",),  # the ground floor of state: every table, every SQL statement
@@ -29,7 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("integrations",),  # endpoints for other services' webhooks (Stripe)
     ("dashboard",),  # server-rendered pages: sign-in, a user's sites, settings, shared links
     ("app",),  # wiring: the WSGI application and its background services
-    ("gunicorn.conf", "serving"),  # the server's hooks around the application; `tally serve`
+    ("serving",),  # `tally serve`, its logger and the metrics folder of a server
+    ("gunicorn.conf",),  # the server's hooks around the application
     ("cli",),  # the `tally` command
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}

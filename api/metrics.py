@@ -10,13 +10,12 @@ import hmac
 import os
 import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, values
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from api.errors import not_found, unauthorized
 from metrics import LOCAL, REPORT_SECONDS, REQUESTS
-from serving import metrics_folder
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 REPORT_ROUTES = "/api/v1/stats/"
@@ -52,12 +51,11 @@ class MetricsResource:
         resp.data = generate_latest(self.registry())
 
     def registry(self) -> CollectorRegistry:
-        if metrics_folder.directory is None:
-            registry = CollectorRegistry()
+        registry = CollectorRegistry()
+        if values.ValueClass is values.MutexValue:  # no multiprocess folder: this process only
             registry.register(_Local())
-        else:
-            registry = CollectorRegistry()
-            MultiProcessCollector(registry, path=metrics_folder.directory)
+        else:  # prometheus-client finds the folder gunicorn's master made (metrics_folder)
+            MultiProcessCollector(registry)
         registry.register(self.sizes)
         return registry
 
