@@ -35,6 +35,7 @@ from storage.maintenance import (
     erase_visitor,
     sites_with_raw_traffic,
     unstored_days,
+    visitor_id_of,
 )
 from storage.shares import SharedLinks
 from storage.stripe import StripeStore
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     erase = visitor.add_parser("erase", help="erase a visitor's events, sessions and links")
     erase.add_argument("--site", required=True, metavar="SITE_ID")
     erase.add_argument("--visitor", required=True, metavar="VISITOR_ID",
-                       help="a visitor id as stored (signed 64-bit decimal)")
+                       help="a stored visitor id (signed 64-bit decimal) or a tally_vid browser id")
     usage = commands.add_parser("usage", help="an account's counted events in a month")
     usage.add_argument("account_id", metavar="ACCOUNT_ID")
     usage.add_argument("--month", metavar="YYYY-MM", help="UTC month (default: this one)")
@@ -313,12 +314,7 @@ def _customer_erase(args, ctx):
 @command("visitor", "erase")
 def _visitor_erase(args, ctx):
     site = _site_of(ctx, args.site)
-    try:
-        visitor_id = int(args.visitor)
-    except ValueError:
-        raise CliError(f"--visitor must be a visitor id (signed 64-bit decimal), not {args.visitor!r}") from None
-    if not -(2**63) <= visitor_id < 2**63:
-        raise CliError("--visitor is out of the 64-bit range")
+    visitor_id = visitor_id_of(ctx.db, site.id, args.visitor)
     result = erase_visitor(ctx.db, site.id, visitor_id, int(ctx.clock() * 1000))
     data = {"site": args.site, "visitor": args.visitor, "events": result.events,
             "sessions": result.sessions, "anonymized_sessions": result.anonymized_sessions,

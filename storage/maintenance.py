@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 
+from storage.browser_ids import browser_visitor_id, is_browser_id
 from storage.check import UNCOUNTED_EVENTS
 from storage.db import Database
 from vocabulary import TS_FUTURE_MS, TS_PAST_MS
@@ -241,6 +242,11 @@ _FIRST_TOUCH_SESSIONS = (
 _ANONYMIZE_SESSIONS = "UPDATE sessions SET visitor_id = 0 WHERE id IN (SELECT value FROM json_each(?))"
 _DELETE_VISITOR_LINKS = "DELETE FROM session_visitors WHERE site_id = ? AND visitor_id = ?"
 _DELETE_VISITOR_IDENTITIES = "DELETE FROM visitor_identities WHERE site_id = ? AND visitor_id = ?"
+# A browser visitor's links from the daily ip+ua ids it was seen under (and the reverse).
+_DELETE_BROWSER_LINKS = (
+    "DELETE FROM browser_links WHERE site_id = ? AND (visitor_id = ? OR daily_visitor_id = ?)"
+)
+_BROWSER_KEY = "SELECT key FROM browser_id_key WHERE id = 1"
 _CUSTOMERS_OF_VISITOR = "SELECT customer_id FROM customers WHERE site_id = ? AND visitor_id = ?"
 _CLEAR_CUSTOMER_VISITOR = (
     "UPDATE customers SET visitor_id = NULL, updated_at = ? WHERE site_id = ? AND customer_id = ?"
@@ -282,6 +288,7 @@ def erase_visitor(db: Database, site_id: int, visitor_id: int, now_ms: int) -> V
         conn.execute(_DELETE_SESSIONS, (gone,))
         conn.execute(_ANONYMIZE_SESSIONS, (orjson.dumps(kept).decode(),))
         identities = conn.execute(_DELETE_VISITOR_IDENTITIES, (site_id, visitor_id)).rowcount
+        conn.execute(_DELETE_BROWSER_LINKS, (site_id, visitor_id, visitor_id))
     events = 0
     while True:
         with db.transaction() as conn:
@@ -292,3 +299,21 @@ def erase_visitor(db: Database, site_id: int, visitor_id: int, now_ms: int) -> V
         if deleted < BATCH:
             break
     return VisitorErasure(events, len(ids) - len(kept), len(kept), identities, len(customers))
+
+
+def visitor_id_of(db: Database, site_id: int, given: str) -> int:
+    """The stored visitor id: a signed 64-bit decimal as stored, or the tally_vid browser
+    id of the tracking script (32 hex digits), translated as the flush does."""
+    if is_browser_id(given):
+        row = db.conn().execute(_BROWSER_KEY).fetchone()
+        if row is None:
+            raise MaintenanceError("no browser visitor was ever stored, so no such visitor")
+        return browser_visitor_id(row[0], site_id, given)
+    try:
+        visitor_id = int(given)
+    except ValueError:
+        raise MaintenanceError(f"--visitor must be a visitor id (signed 64-bit decimal) or a "
+                               f"tally_vid browser id, not {given!r}") from None
+    if not -(2**63) <= visitor_id < 2**63:
+        raise MaintenanceError("--visitor is out of the 64-bit range")
+    return visitor_id

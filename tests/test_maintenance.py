@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import sqlite3
 
+import orjson
 import pytest
 
 from reports.days import DIMENSIONS
 from tests.conftest import bearer, cli_json, rows, run_cli
-from tests.test_attribution_e2e import UA_PHONE, identify, pageview
+from tests.test_attribution_e2e import UA, UA_PHONE, identify, pageview
 
 DAYS = ("2026-09-21", "2026-09-22", "2026-09-23")
 DAY_S = 86_400
@@ -189,3 +190,23 @@ def test_backup_file_is_a_database_sqlite_opens(history, tmp_path):
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     finally:
         conn.close()
+
+
+def test_visitor_erase_takes_the_browser_id_of_the_script(client, tally, site, clock, db_path):
+    browser_id = "0123456789abcdef0123456789abcdef"
+    tally.start()
+    for path in ("/a", "/b"):
+        resp = client.post("/api/v1/collect", orjson.dumps(
+            {"s": site["site"]["id"], "e": "pageview", "u": f"https://example.com{path}",
+             "v": browser_id}), headers={"User-Agent": UA}, content_type="text/plain",
+            extra_environ={"REMOTE_ADDR": GB})
+        assert resp.status_int == 204
+    assert tally.flusher.flush_now(timeout=30)
+    tally.stop(timeout=10)
+    assert count(db_path, "events") == 2
+    result = cli_json("visitor", "erase", "--site", site["site"]["id"], "--visitor", browser_id,
+                      db=db_path)
+    assert result["events"] == 2 and result["sessions"] == 1
+    assert count(db_path, "events") == 0 and count(db_path, "sessions") == 0
+    assert count(db_path, "browser_links") == 0
+    assert cli_json("check", db=db_path)["ok"]
