@@ -91,7 +91,7 @@ def source_lists(curated: dict | None = None) -> dict[str, dict[str, list[str]]]
 
     return {
         "search": named(_matomo_search_engines()),
-        "social": named(_load("matomo/Socials.yml")),
+        "social": named(_load("matomo/Socials.yml"), curated["social"]),
         "ai": named(_load("matomo/AIAssistants.yml"), curated["ai"]),
         "shopping": named(curated["shopping"]),
         "video": named(curated["video"]),
