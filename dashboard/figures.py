@@ -173,28 +173,36 @@ def dashboard_figures(reports: Reports, period: Period, *, filters: str, goal: s
 
 def channel_rows(reports: Reports, params: dict, revenue: dict | None,
                  currency: str | None) -> list[dict]:
+    """Visitors from the breakdown by channel; money, paying customers and conversion from
+    the revenue report's rows by first-touch channel (its `by_channel` where the report has
+    no per-row traffic figures: then conversion is customers / visitors)."""
     traffic = reports.get("breakdown", {**params, "by": "channel", "limit": "100"}) or {}
-    by_channel = {}
+    money_rows = {}
     if revenue and currency:
-        for row in revenue["currencies"].get(currency, {}).get("by_channel", []):
-            by_channel[row["channel"]] = row
+        entry = revenue["currencies"].get(currency, {})
+        for row in entry.get("rows") or entry.get("by_channel", []):
+            money_rows[row.get("value", row.get("channel"))] = row
     rows = []
     for row in traffic.get("rows", []):
-        money = by_channel.pop(row["value"], None)
+        money = money_rows.pop(row["value"], None)
         rows.append(_channel_row(row["value"], row["visitors"], money, revenue is not None))
-    for name, money in by_channel.items():  # paying channels without visits in the period
+    for name, money in money_rows.items():  # paying channels without visits in the period
         rows.append(_channel_row(name, 0, money, True))
     return rows
 
 
 def _channel_row(name: str | None, visitors: int, money: dict | None, with_revenue: bool) -> dict:
-    customers = money["customers"] if money else 0
-    return {
-        "value": name, "visitors": visitors,
-        "revenue": (money["net"] if money else Decimal(0)) if with_revenue else None,
-        "customers": customers if with_revenue else None,
-        "conversion": (customers / visitors if visitors else None) if with_revenue else None,
-    }
+    if not with_revenue:
+        return {"value": name, "visitors": visitors, "revenue": None, "customers": None,
+                "conversion": None}
+    money = money or {}
+    if "paying_customers" in money:
+        customers, conversion = money["paying_customers"], money["conversion_rate"]
+    else:
+        customers = money.get("customers", 0)
+        conversion = customers / visitors if visitors else None
+    return {"value": name, "visitors": visitors, "revenue": money.get("net", Decimal(0)),
+            "customers": customers, "conversion": conversion}
 
 
 def traffic_tables(reports: Reports, params: dict) -> list[dict]:
