@@ -52,12 +52,18 @@
     var data = [points.t, points.visitors];
     if (withRevenue) { data.push(points.revenue); }
     mount(element, function (width) {
+      var monthly = points.interval === "month";
       var series = [
-        { value: hourly ? "{YYYY}-{MM}-{DD} {HH}:00" : "{YYYY}-{MM}-{DD}" },
+        { label: hourly ? "Hour" : (monthly ? "Month" : "Day"),
+          value: hourly ? "{YYYY}-{MM}-{DD} {HH}:00" : (monthly ? "{YYYY}-{MM}" : "{YYYY}-{MM}-{DD}") },
         { label: "Visitors", scale: "v", stroke: css("--series-1"), width: 2,
           fill: css("--accent-soft"), points: { show: points.t.length < 40 } },
       ];
-      var axes = [axis(null), axis(null, { scale: "v", size: 50 })];
+      // Ticks only on whole buckets: hours for today, days or months otherwise.
+      var xAxis = hourly ? { incrs: [3600, 7200, 10800, 21600], values: "{HH}:00" }
+        : monthly ? { incrs: [2592000, 7776000], values: "{MMM} {YY}" }
+        : { incrs: [86400, 172800, 604800, 1209600], values: "{D} {MMM}" };
+      var axes = [axis(null, xAxis), axis(null, { scale: "v", size: 50 })];
       if (withRevenue) {
         series.push({ label: "Net revenue (" + points.currency + ")", scale: "m",
           stroke: css("--series-2"), width: 2, value: money(points.currency),
