@@ -150,7 +150,9 @@ def dashboard_figures(reports: Reports, period: Period, *, filters: str, goal: s
             Stat("revenue_per_visitor", "Revenue per visitor", "money",
                  per_visitor(net, traffic.get("visitors"), currency),
                  per_visitor(net_before, traffic_before.get("visitors"), currency), currency),
-            Stat("mrr", "MRR", "money", _money(money["mrr"], currency, "mrr"),
+            # MRR is the site's whole recurring revenue: the MRR report takes no filters.
+            Stat("mrr", "MRR (whole site)" if filters else "MRR", "money",
+                 _money(money["mrr"], currency, "mrr"),
                  _money(money["mrr_before"], currency, "mrr"), currency),
         ]
     if goal and "conversion_rate" in traffic:
@@ -165,7 +167,7 @@ def dashboard_figures(reports: Reports, period: Period, *, filters: str, goal: s
         "other_currencies": sorted(set((money.get("revenue") or {}).get("currencies", {}))
                                    - {currency}),
         "channels": channel_rows(reports, current, money.get("revenue"), currency),
-        "tables": traffic_tables(reports, current),
+        "tables": traffic_tables(reports, current, money.get("revenue"), currency),
         "goals": goal_rows(reports, current, currency if revenue else None),
         "series": series(reports, period, filters, revenue),
     }
@@ -205,16 +207,36 @@ def _channel_row(name: str | None, visitors: int, money: dict | None, with_reven
             "customers": customers, "conversion": conversion}
 
 
-def traffic_tables(reports: Reports, params: dict) -> list[dict]:
+def traffic_tables(reports: Reports, params: dict, revenue: dict | None = None,
+                   currency: str | None = None) -> list[dict]:
     tables = []
     for by, title, heading in TRAFFIC_TABLES:
-        if by not in report_params.BREAKDOWN_DIMENSIONS:
+        if by in report_params.BREAKDOWN_DIMENSIONS:
+            data = reports.get("breakdown", {**params, "by": by, "limit": str(TABLE_ROWS)}) or {}
+            tables.append({"by": by, "title": title, "heading": heading,
+                           "rows": data.get("rows", [])})
+        elif by == "campaign" and revenue is not None:
+            tables.append(campaign_table(reports, params, currency))
+        else:
             reports._note(f"the {title.lower()} breakdown (by={by})")
-            continue
-        data = reports.get("breakdown", {**params, "by": by, "limit": str(TABLE_ROWS)}) or {}
-        tables.append({"by": by, "title": title, "heading": heading,
-                       "rows": data.get("rows", [])})
-    return tables
+    return [t for t in tables if t is not None]
+
+
+def campaign_table(reports: Reports, params: dict, currency: str | None) -> dict | None:
+    """Campaigns from the revenue report by first-touch campaign (the traffic breakdown has
+    no by=campaign): the campaigns that brought paying customers, with their visitors."""
+    what = "the campaigns table without revenue (a traffic breakdown by=campaign)"
+    data = reports.get("revenue", {**params, "by": "campaign"}) if currency else None
+    entry = ((data or {}).get("currencies") or {}).get(currency or "", {})
+    if data is None or data.get("by") != "campaign":
+        reports._note(what)
+        return None
+    reports._note(what)
+    rows = [{"value": row["value"], "visitors": row.get("visitors"), "revenue": row["net"],
+             "customers": row.get("paying_customers")}
+            for row in entry.get("rows", []) if row["value"] not in (None, "Unattributed")]
+    return {"by": "campaign", "title": "Campaigns", "heading": "Campaign", "rows": rows[:TABLE_ROWS],
+            "money": True}
 
 
 def goal_rows(reports: Reports, params: dict, currency: str | None) -> list[dict]:

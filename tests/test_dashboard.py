@@ -294,6 +294,13 @@ def test_the_top_figures_are_the_stats_apis(world):
         assert re.search(rf'data-channel="{re.escape(row["value"])}"', page.text)
     organic = re.search(r'data-channel="Organic Search">(.*?)</tr>', page.text, re.S).group(1)
     assert "€49.00" in organic
+    campaigns = page.html.select_one("#t-campaign")
+    if campaigns is None:  # reports without revenue by=campaign: said at the foot of the page
+        assert "campaigns table" in page.html.select_one("aside.note").text
+    else:
+        row = campaigns.find_parent("section").select_one("tbody tr")
+        assert [cell.text.strip() for cell in row.select("th, td")] == ["autumn", "1", "€99.00",
+                                                                         "1"]
 
 
 def test_every_period_and_a_custom_range(world):
