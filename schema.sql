@@ -514,4 +514,57 @@ CREATE TABLE IF NOT EXISTS deleted_events (
     PRIMARY KEY (account_id, month)
 ) WITHOUT ROWID;
 
-PRAGMA user_version = 12;
+-- Stats API v2 (issue 14) -----------------------------------------------------
+-- Traffic of a segment (filters and/or a goal, reports/filters.py segment_key) per UTC
+-- day, stored like traffic_days once the day is final (reports/segments.py). A site keeps
+-- at most MAX_STORED_SEGMENTS segments; further segments are counted live every time.
+CREATE TABLE IF NOT EXISTS traffic_segments (
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    segment     TEXT    NOT NULL CHECK (length(segment) BETWEEN 1 AND 40000),
+    created_at  INTEGER NOT NULL,
+    PRIMARY KEY (site_id, segment)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS traffic_segment_days (
+    site_id     INTEGER NOT NULL,
+    segment     TEXT    NOT NULL,
+    day         INTEGER NOT NULL,
+    visitors    INTEGER NOT NULL CHECK (visitors >= 0),
+    pageviews   INTEGER NOT NULL CHECK (pageviews >= 0),
+    sessions    INTEGER NOT NULL CHECK (sessions >= 0),
+    events      INTEGER NOT NULL CHECK (events >= 0),
+    bounces     INTEGER NOT NULL CHECK (bounces BETWEEN 0 AND sessions),
+    duration_ms INTEGER NOT NULL CHECK (duration_ms >= 0),
+    conversions INTEGER NOT NULL CHECK (conversions >= 0),
+    goal_events INTEGER NOT NULL CHECK (goal_events >= 0),
+    PRIMARY KEY (site_id, segment, day),
+    FOREIGN KEY (site_id, segment) REFERENCES traffic_segments (site_id, segment)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS traffic_segment_dimensions (
+    site_id     INTEGER NOT NULL,
+    segment     TEXT    NOT NULL,
+    dimension   TEXT    NOT NULL,
+    day         INTEGER NOT NULL,
+    PRIMARY KEY (site_id, segment, dimension, day),
+    FOREIGN KEY (site_id, segment) REFERENCES traffic_segments (site_id, segment)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS traffic_segment_values (
+    site_id     INTEGER NOT NULL,
+    segment     TEXT    NOT NULL,
+    dimension   TEXT    NOT NULL,
+    day         INTEGER NOT NULL,
+    value       TEXT,
+    visitors    INTEGER NOT NULL CHECK (visitors >= 0),
+    pageviews   INTEGER NOT NULL CHECK (pageviews >= 0),
+    events      INTEGER NOT NULL CHECK (events >= 0),
+    conversions INTEGER NOT NULL CHECK (conversions >= 0),
+    goal_events INTEGER NOT NULL CHECK (goal_events >= 0),
+    FOREIGN KEY (site_id, segment, dimension, day)
+        REFERENCES traffic_segment_dimensions (site_id, segment, dimension, day)
+);
+CREATE INDEX IF NOT EXISTS traffic_segment_values_read
+    ON traffic_segment_values (site_id, segment, dimension, day);
+
+PRAGMA user_version = 13;

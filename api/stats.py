@@ -23,6 +23,7 @@ STATS_ROUTES = {
     "/api/v1/stats/mrr/movements": "movements",
     "/api/v1/stats/aggregate": "aggregate",
     "/api/v1/stats/breakdown": "breakdown",
+    "/api/v1/stats/timeseries": "timeseries",
 }
 
 

@@ -153,6 +153,11 @@ class TrafficDays:
         self._busy = False  # set when storing failed: this report stores nothing more
 
     def totals(self, period: DateRange) -> SessionTotals:
+        sums = [sum(column) for column in zip(*self.day_totals(period).values(), strict=True)]
+        return SessionTotals(*sums) if sums else SessionTotals()
+
+    def day_totals(self, period: DateRange) -> dict[int, SessionTotals]:
+        """Each day's totals, by day number (days since 1970-01-01)."""
         first, last = _day_bounds(period)
         stored = {row[0]: SessionTotals(*row[1:]) for row in self.conn.execute(
             _STORED_TOTALS, (self.site_id, first, last))}
@@ -160,8 +165,7 @@ class TrafficDays:
             [day for day in range(first, last + 1) if day not in stored],
             lambda day: live_totals(self.conn, self.site_id, day),
             lambda conn, day, totals: conn.execute(_STORE_TOTALS, (self.site_id, day, *totals)))
-        sums = [sum(column) for column in zip(*stored.values(), *counted.values(), strict=True)]
-        return SessionTotals(*sums) if sums else SessionTotals()
+        return {**stored, **counted}
 
     def values(self, period: DateRange, by: str) -> list[BreakdownCount]:
         first, last = _day_bounds(period)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from reports import queries
+from reports import queries, segmented
+from reports.filters import parse_compare, parse_filters, parse_goal
 from reports.params import (
     check_known,
     parse_at,
@@ -17,6 +18,7 @@ from reports.params import (
     parse_limit,
     utc_today,
 )
+from reports.timeseries import parse_interval
 from storage.db import Database
 
 Params = Mapping[str, object]
@@ -38,17 +40,33 @@ def _movements(db: Database, site_id: int, params: Params, now: float) -> dict:
     return queries.movements(db.conn(), site_id, parse_date_range(params, utc_today(now)))
 
 
+def _query(db: Database, site_id: int, params: Params, now: float,
+           goal: bool = True) -> segmented.Query:
+    return segmented.Query(db, site_id, int(now * 1000), parse_filters(params),
+                           parse_goal(params) if goal else None)
+
+
 def _aggregate(db: Database, site_id: int, params: Params, now: float) -> dict:
-    check_known(params, RANGE)
+    check_known(params, (*RANGE, "filters", "goal", "compare"))
     period = parse_date_range(params, utc_today(now))
-    return queries.aggregate(db, site_id, period, int(now * 1000))
+    query, compare = _query(db, site_id, params, now), parse_compare(params)
+    return segmented.with_comparison(
+        lambda p: segmented.aggregate_figures(query, p), period, compare)
 
 
 def _breakdown(db: Database, site_id: int, params: Params, now: float) -> dict:
-    check_known(params, ("by", "limit", *RANGE))
+    check_known(params, ("by", "limit", *RANGE, "filters", "goal"))
     by, limit = parse_dimension(params), parse_limit(params)
     period = parse_date_range(params, utc_today(now))
-    return queries.breakdown(db, site_id, period, by, limit, int(now * 1000))
+    return segmented.breakdown(_query(db, site_id, params, now), period, by, limit)
+
+
+def _timeseries(db: Database, site_id: int, params: Params, now: float) -> dict:
+    check_known(params, (*RANGE, "interval", "filters", "goal", "compare"))
+    period = parse_date_range(params, utc_today(now))
+    interval = parse_interval(params, period)
+    query, compare = _query(db, site_id, params, now), parse_compare(params)
+    return segmented.timeseries_compared(query, period, interval, compare)
 
 
 Report = Callable[[Database, int, Params, float], dict]
@@ -58,6 +76,7 @@ REPORTS: dict[str, Report] = {
     "movements": _movements,
     "aggregate": _aggregate,
     "breakdown": _breakdown,
+    "timeseries": _timeseries,
 }
 
 

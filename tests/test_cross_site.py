@@ -217,6 +217,23 @@ def stripe_webhook(world):
     assert rows(world, "SELECT count(*) FROM payments") == before
 
 
+def timeseries(world):
+    """Site A has events on /pricing; B's key with the same filters and goals sees nothing."""
+    own = world["client"].get("/api/v1/stats/aggregate?filters=page==/pricing&goal=page:/pricing",
+                              headers=world["a"]["headers"]).json["data"]
+    assert (own["pageviews"], own["goal_events"]) == (1, 1)
+    for query in ("", "&filters=page==/pricing", "&filters=page!=/nothing&goal=page:/pricing",
+                  "&interval=hour&from=2026-01-01&to=2026-01-02", "&compare=previous_period"):
+        series = get(world, f"/api/v1/stats/timeseries?{query}")["data"]["rows"]
+        assert all(r["pageviews"] == r["visitors"] == 0 and r["revenue"] == {} for r in series)
+    for query in ("filters=page==/pricing", "filters=page~pric&goal=page:/pricing",
+                  "filters=source!=x&compare=previous_year"):
+        data = get(world, f"/api/v1/stats/aggregate?{query}")["data"]
+        assert (data["visitors"], data["pageviews"], data["sessions"]) == (0, 0, 0)
+        assert get(world, f"/api/v1/stats/breakdown?by=page&{query.split('&compare')[0]}"
+                   )["data"]["rows"] == []
+
+
 CASES = {
     ("GET", "/healthz"): health,
     ("GET", "/api/v1/openapi.json"): openapi,
@@ -236,6 +253,7 @@ CASES = {
     ("GET", "/api/v1/stats/mrr/movements"): mrr_movements,
     ("GET", "/api/v1/stats/aggregate"): aggregate,
     ("GET", "/api/v1/stats/breakdown"): breakdown,
+    ("GET", "/api/v1/stats/timeseries"): timeseries,
 }
 
 

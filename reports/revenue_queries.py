@@ -1,0 +1,100 @@
+"""The SQL behind revenue by first touch, revenue over time and goals.
+
+Customers are selected by their first touch in Python (reports.filters.touch_matches),
+over one row per customer read here; money is read as decimal text and added up exactly.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from decimal import Decimal
+
+import orjson
+
+from reports.mrr import _values_at_instants
+from reports.queries import SqlSubscriptions
+from reports.timeseries import RevenuePayment
+
+# Each customer's first-touch session, and that session's first event (its earliest, a
+# seek in events_site_ts at the session's start; $identify only when nothing else).
+_FIRST_TOUCHES = (
+    "SELECT ft.customer_id, s.channel, s.source, s.utm_medium, s.utm_campaign, s.utm_term,"
+    " s.utm_content, s.referrer, s.landing_page, s.entry_path, s.started_at,"
+    " e.pathname, e.hostname, e.country, e.device, e.browser, e.os, e.name, e.props"
+    " FROM customer_first_touch ft"
+    " JOIN sessions s ON s.id = ft.session_id"
+    " LEFT JOIN events e ON e.id = ("
+    "  SELECT e2.id FROM events e2"
+    "   WHERE e2.site_id = s.site_id AND e2.ts = s.started_at AND e2.session_id = s.id"
+    "   ORDER BY e2.name = '$identify', e2.id LIMIT 1)"
+    " WHERE ft.site_id = ?"
+)
+TOUCH_FIELDS = ("channel", "source", "medium", "campaign", "term", "content", "referrer",
+                "landing_page", "entry_page", "started_at", "page", "hostname", "country",
+                "device", "browser", "os", "event", "props")
+
+# Succeeded payments dated in [t0, t1), alike ones grouped per bucket of `width` ms.
+_PAYMENTS_BY_BUCKET = (
+    "SELECT customer_id, kind, currency, amount, paid_at_ms / ?4 AS bucket, count(*)"
+    " FROM payments WHERE site_id = ?1 AND paid_at_ms >= ?2 AND paid_at_ms < ?3"
+    " AND status = 'succeeded'"
+    " GROUP BY customer_id, kind, currency, amount, bucket"
+)
+_FIRST_CHARGES = (
+    "SELECT customer_id, currency, min(paid_at_ms) FROM payments"
+    " WHERE site_id = ? AND kind = 'charge' AND status = 'succeeded'"
+    " GROUP BY customer_id, currency"
+)
+# Customers (given as a JSON array) with a succeeded charge.
+_PAYING = (
+    "SELECT DISTINCT customer_id FROM payments"
+    " WHERE site_id = ?1 AND kind = 'charge' AND status = 'succeeded'"
+    " AND customer_id IN (SELECT value FROM json_each(?2))"
+)
+# Each customer's plan: that of its subscription observed last.
+_PLANS = (
+    "SELECT customer_id, plan FROM subscriptions WHERE site_id = ?"
+    " ORDER BY customer_id, effective_at_ms, id"
+)
+
+
+def first_touches(conn: sqlite3.Connection, site_id: int) -> dict[str, dict]:
+    """customer id -> its first touch (TOUCH_FIELDS); customers without one are absent."""
+    touches = {}
+    for customer, *values in conn.execute(_FIRST_TOUCHES, (site_id,)):
+        touch = dict(zip(TOUCH_FIELDS, values, strict=True))
+        props = touch["props"]
+        touch["props"] = orjson.loads(props) if props else {}
+        touches[customer] = touch
+    return touches
+
+
+def payments_by_bucket(conn: sqlite3.Connection, site_id: int, t0: int, t1: int,
+                       width: int) -> list[RevenuePayment]:
+    return [RevenuePayment(customer, kind, currency, Decimal(amount), bucket * width, count)
+            for customer, kind, currency, amount, bucket, count in conn.execute(
+                _PAYMENTS_BY_BUCKET, (site_id, t0, t1, width))]
+
+
+def first_charges(conn: sqlite3.Connection, site_id: int) -> dict[tuple[str, str], int]:
+    return {(customer, currency): at for customer, currency, at in conn.execute(
+        _FIRST_CHARGES, (site_id,))}
+
+
+def paying_customers(conn: sqlite3.Connection, site_id: int, customers: list[str]) -> set[str]:
+    if not customers:
+        return set()
+    wanted = orjson.dumps(sorted(customers)).decode()
+    return {row[0] for row in conn.execute(_PAYING, (site_id, wanted))}
+
+
+def plans(conn: sqlite3.Connection, site_id: int) -> dict[str, str | None]:
+    return {customer: plan for customer, plan in conn.execute(_PLANS, (site_id,))}
+
+
+def mrr_yearly_at(conn: sqlite3.Connection, site_id: int,
+                  instants: list[int]) -> dict[int, dict[tuple[str, str], Decimal]]:
+    """Each customer's yearly subscription value per currency at each instant."""
+    if not instants:
+        return {}
+    return _values_at_instants(SqlSubscriptions(conn, site_id), sorted(set(instants)))

@@ -1,0 +1,126 @@
+"""Filtered traffic (a segment) per UTC day, stored once a day is final, like reports.days.
+
+A segment is a set of filters with an optional goal (reports.filters.segment_key). Its
+final days are counted once and kept in traffic_segment_days / traffic_segment_values;
+recent days are counted live. A site keeps at most MAX_STORED_SEGMENTS segments: past
+that, a new segment is counted live each time (still right, only slower), so no caller
+can fill the disk with endless distinct filters.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterable
+
+from reports.days import TrafficDays, _day_bounds
+from reports.filters import Filter, Goal, segment_key
+from reports.params import DAY_MS, DateRange
+from reports.segment_queries import Segment, SegmentCount, SegmentTotals
+from storage.db import Database
+
+MAX_STORED_SEGMENTS = 200
+
+_REGISTER = (
+    "INSERT INTO traffic_segments (site_id, segment, created_at)"
+    " SELECT ?1, ?2, ?3 WHERE (SELECT count(*) FROM traffic_segments WHERE site_id = ?1) < ?4"
+    " ON CONFLICT DO NOTHING"
+)
+_REGISTERED = "SELECT 1 FROM traffic_segments WHERE site_id = ? AND segment = ?"
+_STORED_TOTALS = (
+    "SELECT day, visitors, pageviews, sessions, events, bounces, duration_ms, conversions,"
+    " goal_events FROM traffic_segment_days"
+    " WHERE site_id = ? AND segment = ? AND day >= ? AND day <= ?"
+)
+_STORE_TOTALS = (
+    "INSERT INTO traffic_segment_days (site_id, segment, day, visitors, pageviews, sessions,"
+    " events, bounces, duration_ms, conversions, goal_events)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_STORED_DIMENSION_DAYS = (
+    "SELECT day FROM traffic_segment_dimensions"
+    " WHERE site_id = ? AND segment = ? AND dimension = ? AND day >= ? AND day <= ?"
+)
+_STORED_VALUES = (
+    "SELECT value, sum(visitors), sum(pageviews), sum(events), sum(conversions),"
+    " sum(goal_events) FROM traffic_segment_values"
+    " WHERE site_id = ? AND segment = ? AND dimension = ? AND day >= ? AND day <= ?"
+    " GROUP BY value"
+)
+_STORE_DIMENSION = (
+    "INSERT INTO traffic_segment_dimensions (site_id, segment, dimension, day)"
+    " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_STORE_VALUE = (
+    "INSERT INTO traffic_segment_values (site_id, segment, dimension, day, value, visitors,"
+    " pageviews, events, conversions, goal_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def merge_counts(counts: Iterable[SegmentCount]) -> list[SegmentCount]:
+    merged: dict[str | None, list[int]] = defaultdict(lambda: [0] * 5)
+    for count in counts:
+        sums = merged[count.value]
+        for i, figure in enumerate(count[1:]):
+            sums[i] += figure
+    return [SegmentCount(value, *sums) for value, sums in merged.items()]
+
+
+class SegmentDays(TrafficDays):
+    """A segment's traffic over whole days: stored final days read back, the rest counted."""
+
+    def __init__(self, db: Database, site_id: int, now_ms: int,
+                 filters: tuple[Filter, ...], goal: Goal | None):
+        super().__init__(db, site_id, now_ms)
+        self.segment = Segment(filters, goal)
+        self.key = segment_key(filters, goal)
+
+    def _registered(self, conn: sqlite3.Connection) -> bool:
+        conn.execute(_REGISTER, (self.site_id, self.key, self.now_ms, MAX_STORED_SEGMENTS))
+        return conn.execute(_REGISTERED, (self.site_id, self.key)).fetchone() is not None
+
+    def count_totals(self, t0: int, t1: int) -> SegmentTotals:
+        """Live figures of any bucket [t0, t1) (an hour, say); nothing is stored."""
+        return self.segment.totals(self.conn, self.site_id, t0, t1)
+
+    def totals(self, period: DateRange) -> SegmentTotals:
+        sums = [sum(column) for column in zip(*self.day_totals(period).values(), strict=True)]
+        return SegmentTotals(*sums) if sums else SegmentTotals()
+
+    def day_totals(self, period: DateRange) -> dict[int, SegmentTotals]:
+        first, last = _day_bounds(period)
+        stored = {row[0]: SegmentTotals(*row[1:]) for row in self.conn.execute(
+            _STORED_TOTALS, (self.site_id, self.key, first, last))}
+
+        def store(conn: sqlite3.Connection, day: int, totals: SegmentTotals) -> None:
+            if self._registered(conn):
+                conn.execute(_STORE_TOTALS, (self.site_id, self.key, day, *totals))
+
+        counted = self._count(
+            [day for day in range(first, last + 1) if day not in stored],
+            lambda day: self.count_totals(day * DAY_MS, (day + 1) * DAY_MS), store)
+        return {**stored, **counted}
+
+    def values(self, period: DateRange, by: str) -> list[SegmentCount]:
+        first, last = _day_bounds(period)
+        bounds = (self.site_id, self.key, by, first, last)
+        self.conn.execute("BEGIN")
+        try:
+            stored_days = {row[0] for row in self.conn.execute(_STORED_DIMENSION_DAYS, bounds)}
+            stored = [SegmentCount(*row) for row in self.conn.execute(_STORED_VALUES, bounds)]
+        finally:
+            self.conn.execute("COMMIT")
+
+        def store(conn: sqlite3.Connection, day: int, counts: list[SegmentCount]) -> None:
+            if not self._registered(conn):
+                return
+            if conn.execute(_STORE_DIMENSION, (self.site_id, self.key, by, day)).rowcount:
+                conn.executemany(_STORE_VALUE, [
+                    (self.site_id, self.key, by, day, *count) for count in counts])
+
+        counted = self._count(
+            [day for day in range(first, last + 1) if day not in stored_days],
+            lambda day: self.segment.values(
+                self.conn, self.site_id, day * DAY_MS, (day + 1) * DAY_MS, by),
+            store)
+        return merge_counts([*stored, *(c for counts in counted.values() for c in counts)])
