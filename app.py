@@ -87,7 +87,7 @@ class Tally:
         self.wsgi.add_route("/api/v1/customers/{customer_id}", CustomerRecord(self.auth, db))
         self.stripe_webhook = StripeWebhook(self.directory, StripeStore(db, clock))
         self.wsgi.add_route("/api/v1/integrations/stripe/{site_id}", self.stripe_webhook)
-        add_stats_routes(self.wsgi, self.auth, db, clock)
+        add_stats_routes(self.wsgi, self.auth, db, clock, config.flush_interval)
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
         self.dashboard = Dashboard(config=config, db=db, directory=self.directory, clock=clock,
                                    random_bytes=random_bytes)

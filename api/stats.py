@@ -24,13 +24,16 @@ STATS_ROUTES = {
     "/api/v1/stats/aggregate": "aggregate",
     "/api/v1/stats/breakdown": "breakdown",
     "/api/v1/stats/timeseries": "timeseries",
+    "/api/v1/stats/goals": "goals",
+    "/api/v1/stats/realtime": "realtime",
 }
 
 
 class StatsResource:
     def __init__(self, report: str, auth: Authenticator, db: Database,
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], flush_interval: float = 1.0):
         self.report = report
+        self.flush_interval = flush_interval
         self.auth = auth
         self.db = db
         self.clock = clock
@@ -39,12 +42,14 @@ class StatsResource:
     def on_get(self, req, resp):
         try:
             data = run_report(self.report, self.db, req.context.key.site_id, req.params,
-                              self.clock())
+                              self.clock(), max_delay_seconds=self.flush_interval)
         except InvalidReportParameter as exc:
             raise invalid_input(str(exc)) from None
         resp.media = {"ok": True, "data": data}
 
 
-def add_stats_routes(app, auth: Authenticator, db: Database, clock: Callable[[], float]) -> None:
+def add_stats_routes(app, auth: Authenticator, db: Database, clock: Callable[[], float],
+                     flush_interval: float = 1.0) -> None:
+    """`flush_interval`: how late an accepted event can reach the database (realtime says it)."""
     for path, report in STATS_ROUTES.items():
-        app.add_route(path, StatsResource(report, auth, db, clock))
+        app.add_route(path, StatsResource(report, auth, db, clock, flush_interval))

@@ -25,7 +25,7 @@ FILTER_DIMENSIONS = (*SESSION_FILTERS, *EVENT_FILTERS)
 OPERATORS = ("==", "!=", "~")
 MAX_FILTERS = 10
 MAX_VALUES = 50
-MAX_FILTERS_LENGTH = 2000
+MAX_FILTERS_LENGTH = 1000
 MAX_VALUE_LENGTH = 500
 _PROP_KEY = re.compile(r"[^\x00-\x1f\ud800-\udfff]{1,100}")
 _GOAL_NAME = re.compile(r"[^\x00-\x1f\ud800-\udfff]{1,64}")
@@ -163,8 +163,8 @@ def parse_goal(params: Mapping[str, object]) -> Goal | None:
 
 def segment_key(filters: tuple[Filter, ...], goal: Goal | None) -> str:
     """One text per distinct (filters, goal): the key of the stored days of a segment."""
-    key = ";".join(f.text() for f in filters)
-    return key + ("#goal=" + goal.text() if goal else "")
+    key = ";".join(f.text() for f in filters) + ("#goal=" + goal.text() if goal else "")
+    return key or "*"
 
 
 def parse_compare(params: Mapping[str, object]) -> str | None:

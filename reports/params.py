@@ -69,7 +69,8 @@ def check_known(params: Mapping[str, object], allowed: Collection[str]) -> None:
     for name in sorted(params):
         if name not in allowed:
             raise InvalidReportParameter(
-                f"unknown parameter {name!r}; this report takes {', '.join(allowed)}")
+                f"unknown parameter {name!r}; this report takes "
+                f"{', '.join(allowed) or 'no parameters'}")
 
 
 def _single(params: Mapping[str, object], name: str) -> str | None:
@@ -121,4 +122,14 @@ def parse_dimension(params: Mapping[str, object]) -> str:
     raw = _single(params, "by")
     if raw not in BREAKDOWN_DIMENSIONS:
         raise InvalidReportParameter(f"by: must be one of {', '.join(BREAKDOWN_DIMENSIONS)}")
+    return raw
+
+
+def parse_choice(params: Mapping[str, object], name: str, choices: Collection[str],
+                 default: str) -> str:
+    raw = _single(params, name)
+    if raw is None:
+        return default
+    if raw not in choices:
+        raise InvalidReportParameter(f"{name}: must be one of {', '.join(choices)}")
     return raw

@@ -13,6 +13,7 @@ import orjson
 
 from reports.mrr import _values_at_instants
 from reports.queries import SqlSubscriptions
+from reports.revenue import PaymentRow
 from reports.timeseries import RevenuePayment
 
 # Each customer's first-touch session, and that session's first event (its earliest, a
@@ -33,6 +34,12 @@ TOUCH_FIELDS = ("channel", "source", "medium", "campaign", "term", "content", "r
                 "landing_page", "entry_page", "started_at", "page", "hostname", "country",
                 "device", "browser", "os", "event", "props")
 
+# Succeeded payments dated in [t0, t1), alike ones grouped with their count.
+_REVENUE_ROWS = (
+    "SELECT customer_id, kind, currency, amount, fee, count(*) FROM payments"
+    " WHERE site_id = ? AND paid_at_ms >= ? AND paid_at_ms < ? AND status = 'succeeded'"
+    " GROUP BY customer_id, kind, currency, amount, fee"
+)
 # Succeeded payments dated in [t0, t1), alike ones grouped per bucket of `width` ms.
 _PAYMENTS_BY_BUCKET = (
     "SELECT customer_id, kind, currency, amount, paid_at_ms / ?4 AS bucket, count(*)"
@@ -98,3 +105,62 @@ def mrr_yearly_at(conn: sqlite3.Connection, site_id: int,
     if not instants:
         return {}
     return _values_at_instants(SqlSubscriptions(conn, site_id), sorted(set(instants)))
+
+
+def revenue_rows(conn: sqlite3.Connection, site_id: int, t0: int, t1: int) -> list[PaymentRow]:
+    return [PaymentRow(customer, kind, "succeeded", currency, Decimal(amount),
+                       None if fee is None else Decimal(fee), count)
+            for customer, kind, currency, amount, fee, count in conn.execute(
+                _REVENUE_ROWS, (site_id, t0, t1))]
+
+
+# Customers linked now to a visitor id (customer.visitor_id, or user_id -> $identify) that
+# did a custom event in [t0, t1): (event name, customer id).
+_CONVERTED_CUSTOMERS = (
+    "WITH linked (customer_id, visitor_id) AS ("
+    " SELECT customer_id, CAST(visitor_id AS INTEGER) FROM customers"
+    "  WHERE site_id = ?1 AND visitor_id IS NOT NULL"
+    " UNION"
+    " SELECT c.customer_id, vi.visitor_id FROM customers c"
+    "  JOIN visitor_identities vi ON vi.site_id = c.site_id AND vi.uid = c.user_id"
+    "  WHERE c.site_id = ?1)"
+    " SELECT DISTINCT e.name, l.customer_id FROM events e JOIN linked l ON l.visitor_id = e.visitor_id"
+    " WHERE e.site_id = ?1 AND e.ts >= ?2 AND e.ts < ?3"
+    " AND e.name <> 'pageview' AND e.name <> '$identify'"
+)
+
+
+def converted_customers(conn: sqlite3.Connection, site_id: int, t0: int,
+                        t1: int) -> dict[str, set[str]]:
+    result: dict[str, set[str]] = {}
+    for name, customer in conn.execute(_CONVERTED_CUSTOMERS, (site_id, t0, t1)):
+        result.setdefault(name, set()).add(customer)
+    return result
+
+
+_REALTIME_VISITORS = (
+    "SELECT count(DISTINCT visitor_id) FROM events"
+    " WHERE site_id = ? AND ts >= ? AND name <> '$identify'"
+)
+_REALTIME_MINUTES = (
+    "SELECT ts / 60000, count(*) FROM events"
+    " WHERE site_id = ? AND ts >= ? AND name = 'pageview' GROUP BY 1"
+)
+_REALTIME_PAGES = (
+    "SELECT pathname, count(DISTINCT visitor_id), count(*) FROM events"
+    " WHERE site_id = ? AND ts >= ? AND name = 'pageview' GROUP BY pathname"
+)
+_REALTIME_SOURCES = (
+    "SELECT s.source, count(DISTINCT e.visitor_id) FROM events e"
+    " JOIN sessions s ON s.id = e.session_id"
+    " WHERE e.site_id = ? AND e.ts >= ? AND e.name <> '$identify' GROUP BY s.source"
+)
+
+
+def realtime_counts(conn: sqlite3.Connection, site_id: int, visitors_since: int,
+                    since: int) -> tuple[int, dict[int, int], list, list]:
+    visitors = conn.execute(_REALTIME_VISITORS, (site_id, visitors_since)).fetchone()[0]
+    minutes = dict(conn.execute(_REALTIME_MINUTES, (site_id, since)).fetchall())
+    pages = conn.execute(_REALTIME_PAGES, (site_id, since)).fetchall()
+    sources = conn.execute(_REALTIME_SOURCES, (site_id, since)).fetchall()
+    return visitors, minutes, pages, sources

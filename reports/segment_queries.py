@@ -29,7 +29,10 @@ EVENT_COLUMNS = {"page": "e.pathname", "hostname": "e.hostname", "country": "e.c
                  "device": "e.device", "browser": "e.browser", "os": "e.os", "event": "e.name"}
 # Breakdown dimensions (reports.days.DIMENSIONS) and their columns.
 BREAKDOWN_SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source",
-                             "entry_page": "s.entry_path"}
+                             "entry_page": "s.entry_path", "medium": "s.utm_medium",
+                             "campaign": "s.utm_campaign", "term": "s.utm_term",
+                             "content": "s.utm_content", "referrer": "s.referrer",
+                             "landing_page": "s.landing_page"}
 BREAKDOWN_EVENT_COLUMNS = {"page": "e.pathname", "country": "e.country", "device": "e.device",
                            "browser": "e.browser", "os": "e.os", "event": "e.name"}
 

@@ -10,10 +10,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from itertools import zip_longest
 
+from reports.days import DIMENSIONS as STORED_DIMENSIONS
 from reports.days import TrafficDays
 from reports.filters import Filter, Goal, comparison_range, touch_matches
+from reports.goals import (
+    MINUTE_MS,
+    REALTIME_MINUTES,
+    REALTIME_VISITOR_MINUTES,
+    goal_rows,
+    realtime_view,
+)
 from reports.params import DAY_MS, DateRange
-from reports.revenue_queries import first_charges, first_touches, mrr_yearly_at, payments_by_bucket
+from reports.revenue import revenue_by_currency
+from reports.revenue_by import ValueTraffic, paying_by_value, revenue_by_value
+from reports.revenue_queries import (
+    converted_customers,
+    first_charges,
+    first_touches,
+    mrr_yearly_at,
+    payments_by_bucket,
+    plans,
+    realtime_counts,
+    revenue_rows,
+)
 from reports.segment_queries import SegmentCount
 from reports.segments import SegmentDays
 from reports.timeseries import (
@@ -59,11 +78,12 @@ class Query:
             head["goal"] = self.goal.text()
         return head
 
-    def customer_filter(self) -> Callable[[str], bool] | None:
+    def customer_filter(self, touches: dict | None = None) -> Callable[[str], bool] | None:
         """Which customers count on revenue figures: those whose first touch passes."""
         if not self.filters:
             return None
-        touches = first_touches(self.db.conn(), self.site_id)
+        if touches is None:
+            touches = first_touches(self.db.conn(), self.site_id)
         without = touch_matches(self.filters, None)
         return lambda customer: (touch_matches(self.filters, touches[customer])
                                  if customer in touches else without)
@@ -136,3 +156,62 @@ def timeseries_compared(query: Query, period: DateRange, interval: str,
     changes = [change(now, before or {}) for now, before in
                zip_longest(main["rows"], other["rows"][:len(main["rows"])])]
     return {**main, "compare": other, "change": changes}
+
+
+def value_visitors(query: Query, period: DateRange, by: str) -> dict[str | None, int]:
+    """Visitors per value of a dimension over the range, with the query's filters."""
+    if not query.filters and by in STORED_DIMENSIONS:
+        counts = TrafficDays(query.db, query.site_id, query.now_ms).values(period, by)
+    else:
+        counts = SegmentDays(query.db, query.site_id, query.now_ms, query.filters,
+                             None).values(period, by)
+    return {c.value: c.visitors for c in counts}
+
+
+def revenue(query: Query, period: DateRange, by: str) -> dict:
+    """Revenue per currency (figures, `by_channel` as ever, and `rows` by `by`), counting
+    the customers whose first touch passes the filters."""
+    conn = query.db.conn()
+    touches = first_touches(conn, query.site_id)
+    keep = query.customer_filter(touches) or (lambda customer: True)
+    rows = [r for r in revenue_rows(conn, query.site_id, period.start_ms, period.end_ms)
+            if keep(r.customer_id)]
+    currencies = revenue_by_currency(rows, {c: t["channel"] for c, t in touches.items()})
+    if by == "plan":
+        customer_plans = plans(conn, query.site_id)
+        values = {r.customer_id: customer_plans.get(r.customer_id) for r in rows}
+        traffic: dict = {}
+    else:
+        values = {customer: touch[by] for customer, touch in touches.items()}
+        first_touched = {c: values[c] for c, t in touches.items()
+                         if period.start_ms <= t["started_at"] < period.end_ms and keep(c)}
+        paying = paying_by_value(first_touched, first_charges(conn, query.site_id))
+        visitors = value_visitors(query, period, by)
+        traffic = {v: ValueTraffic(visitors.get(v, 0), paying.get(v, {}))
+                   for v in visitors.keys() | paying.keys()}
+    by_value = revenue_by_value(rows, values, traffic)
+    for currency, figures in currencies.items():
+        figures["rows"] = by_value[currency]
+    return {**query.header(period), "by": by, "currencies": currencies}
+
+
+def goals(query: Query, period: DateRange, limit: int) -> dict:
+    """Each custom event as a goal, with the net revenue of the customers who converted."""
+    counts = query.days().values(period, "event")
+    visitors = sum_totals(query.days().day_totals(period).values()).visitors
+    conn = query.db.conn()
+    converted = converted_customers(conn, query.site_id, period.start_ms, period.end_ms)
+    keep = query.customer_filter()
+    if keep is not None:
+        converted = {name: {c for c in customers if keep(c)}
+                     for name, customers in converted.items()}
+    payments = revenue_rows(conn, query.site_id, period.start_ms, period.end_ms)
+    return {**query.header(period), "visitors": visitors,
+            "goals": goal_rows(counts, visitors, converted, payments, limit)}
+
+
+def realtime(db: Database, site_id: int, now_ms: int, max_delay_seconds: float) -> dict:
+    since = now_ms - now_ms % MINUTE_MS - (REALTIME_MINUTES - 1) * MINUTE_MS
+    visitors, minutes, pages, sources = realtime_counts(
+        db.conn(), site_id, now_ms - REALTIME_VISITOR_MINUTES * MINUTE_MS, since)
+    return realtime_view(now_ms, visitors, minutes, pages, sources, max_delay_seconds)

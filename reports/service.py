@@ -13,11 +13,13 @@ from reports.filters import parse_compare, parse_filters, parse_goal
 from reports.params import (
     check_known,
     parse_at,
+    parse_choice,
     parse_date_range,
     parse_dimension,
     parse_limit,
     utc_today,
 )
+from reports.revenue_by import REVENUE_DIMENSIONS
 from reports.timeseries import parse_interval
 from storage.db import Database
 
@@ -26,8 +28,11 @@ RANGE = ("from", "to")
 
 
 def _revenue(db: Database, site_id: int, params: Params, now: float) -> dict:
-    check_known(params, RANGE)
-    return queries.revenue(db.conn(), site_id, parse_date_range(params, utc_today(now)))
+    check_known(params, (*RANGE, "by", "filters", "compare"))
+    period = parse_date_range(params, utc_today(now))
+    by = parse_choice(params, "by", REVENUE_DIMENSIONS, "channel")
+    query, compare = _query(db, site_id, params, now, goal=False), parse_compare(params)
+    return segmented.with_comparison(lambda p: segmented.revenue(query, p, by), period, compare)
 
 
 def _mrr(db: Database, site_id: int, params: Params, now: float) -> dict:
@@ -69,6 +74,19 @@ def _timeseries(db: Database, site_id: int, params: Params, now: float) -> dict:
     return segmented.timeseries_compared(query, period, interval, compare)
 
 
+def _goals(db: Database, site_id: int, params: Params, now: float) -> dict:
+    check_known(params, (*RANGE, "filters", "limit"))
+    period = parse_date_range(params, utc_today(now))
+    query = _query(db, site_id, params, now, goal=False)
+    return segmented.goals(query, period, parse_limit(params))
+
+
+def _realtime(db: Database, site_id: int, params: Params, now: float,
+              max_delay_seconds: float) -> dict:
+    check_known(params, ())
+    return segmented.realtime(db, site_id, int(now * 1000), max_delay_seconds)
+
+
 Report = Callable[[Database, int, Params, float], dict]
 REPORTS: dict[str, Report] = {
     "revenue": _revenue,
@@ -77,10 +95,16 @@ REPORTS: dict[str, Report] = {
     "aggregate": _aggregate,
     "breakdown": _breakdown,
     "timeseries": _timeseries,
+    "goals": _goals,
+    "realtime": _realtime,  # takes max_delay_seconds too
 }
 
 
-def run_report(name: str, db: Database, site_id: int, params: Params, now: float) -> dict:
+def run_report(name: str, db: Database, site_id: int, params: Params, now: float,
+               max_delay_seconds: float = 1.0) -> dict:
     """The report's data at unix time `now`; InvalidReportParameter when a parameter is
-    unknown or bad."""
+    unknown or bad. `max_delay_seconds` (the flush interval: how late stored events can
+    be) is shown by the realtime report."""
+    if name == "realtime":
+        return _realtime(db, site_id, params, now, max_delay_seconds)
     return REPORTS[name](db, site_id, params, now)

@@ -234,6 +234,25 @@ def timeseries(world):
                    )["data"]["rows"] == []
 
 
+def goals(world):
+    a = world["a"]
+    resp = world["client"].post("/api/v1/events", orjson.dumps(event(a["id"], e="signup")),
+                                headers=a["headers"])
+    assert resp.status_int == 204 and world["tally"].flusher.flush_now()
+    own = world["client"].get("/api/v1/stats/goals", headers=a["headers"]).json["data"]
+    assert [g["name"] for g in own["goals"]] == ["signup"]
+    assert get(world, "/api/v1/stats/goals")["data"]["goals"] == []
+    assert get(world, "/api/v1/stats/goals?filters=page==/pricing")["data"]["visitors"] == 0
+
+
+def realtime(world):
+    own = world["client"].get("/api/v1/stats/realtime", headers=world["a"]["headers"]).json
+    assert own["data"]["visitors"] == 1
+    data = get(world, "/api/v1/stats/realtime")["data"]
+    assert (data["visitors"], data["top_pages"], data["top_sources"]) == (0, [], [])
+    assert sum(m["pageviews"] for m in data["pageviews_per_minute"]) == 0
+
+
 CASES = {
     ("GET", "/healthz"): health,
     ("GET", "/api/v1/openapi.json"): openapi,
@@ -254,6 +273,8 @@ CASES = {
     ("GET", "/api/v1/stats/aggregate"): aggregate,
     ("GET", "/api/v1/stats/breakdown"): breakdown,
     ("GET", "/api/v1/stats/timeseries"): timeseries,
+    ("GET", "/api/v1/stats/goals"): goals,
+    ("GET", "/api/v1/stats/realtime"): realtime,
 }
 
 
