@@ -20,10 +20,21 @@ import orjson
 from config import Config, ConfigError
 from dashboard import passwords
 from quota.usage import account_usage, month_of
+from reports.csv_text import as_csv
+from reports.filters import COMPARISONS
 from reports.money import json_ready
 from reports.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter
+from reports.revenue_by import REVENUE_DIMENSIONS
 from reports.service import run_report
-from reports.text import mrr_lines, revenue_lines, traffic_lines
+from reports.text import (
+    goals_lines,
+    mrr_lines,
+    realtime_lines,
+    revenue_lines,
+    timeseries_lines,
+    traffic_lines,
+)
+from reports.timeseries import INTERVALS
 from storage.check import run_checks
 from storage.db import Database, StorageError
 from storage.directory import Directory, InvalidArgument, NotFound
@@ -142,20 +153,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", help="revenue, MRR and traffic of a site").add_subparsers(
         dest="action", required=True, metavar="REPORT")
-    for name, help_text in (("revenue", "revenue per currency and first-touch channel"),
-                            ("mrr", "MRR at a date, and its movements per month"),
-                            ("traffic", "traffic totals and a breakdown")):
+    for name, help_text in (
+            ("revenue", "revenue per currency, by first-touch channel and by --by"),
+            ("mrr", "MRR at a date, and its movements per month"),
+            ("traffic", "traffic totals and a breakdown"),
+            ("timeseries", "traffic and revenue per hour, day, week or month"),
+            ("goals", "custom events with conversions and the revenue of converters"),
+            ("realtime", "the last 5 and 30 minutes")):
         sub = report.add_parser(name, help=help_text)
         sub.add_argument("--site", required=True, metavar="SITE_ID")
+        if name == "realtime":
+            continue
         sub.add_argument("--from", dest="from_date", metavar="YYYY-MM-DD",
                          help="first UTC day (default: 29 days before --to)")
         sub.add_argument("--to", dest="to_date", metavar="YYYY-MM-DD",
                          help="last UTC day, inclusive (default: today)")
         if name == "mrr":
             sub.add_argument("--at", metavar="YYYY-MM-DD", help="UTC day (default: today)")
+            continue
+        sub.add_argument("--filters", metavar="FILTERS",
+                         help="e.g. 'visit:source==Google;event:page==/pricing' (see README)")
+        if name == "revenue":
+            sub.add_argument("--by", default="channel", choices=REVENUE_DIMENSIONS)
         if name == "traffic":
             sub.add_argument("--by", default="channel", choices=BREAKDOWN_DIMENSIONS)
+        if name in ("traffic", "goals"):
             sub.add_argument("--limit", default="100", metavar="N", help="rows, 1 to 1000")
+        if name == "timeseries":
+            sub.add_argument("--interval", default="day", choices=INTERVALS)
+        if name in ("traffic", "timeseries"):
+            sub.add_argument("--goal", metavar="NAME", help="a custom event, or page:/PATH")
+        if name in ("revenue", "traffic", "timeseries"):
+            sub.add_argument("--compare", choices=COMPARISONS)
+            sub.add_argument("--csv", action="store_true",
+                             help="print CSV (for traffic: its breakdown)")
     return parser
 
 
@@ -480,16 +511,24 @@ def _run_reports(args, ctx, *reports: tuple[str, dict]) -> list[dict]:
     now = ctx.clock()
     try:
         return [run_report(name, ctx.db, site.id,
-                           {k: v for k, v in params.items() if v is not None}, now)
+                           {k: v for k, v in params.items() if v is not None}, now,
+                           max_delay_seconds=ctx.config.flush_interval)
                 for name, params in reports]
     except InvalidReportParameter as exc:
         raise CliError(str(exc)) from None
 
 
+def _csv_lines(report: str, data: dict) -> list[str]:
+    return [as_csv(report, data).removesuffix("\r\n")]
+
+
 @command("report", "revenue")
 def _report_revenue(args, ctx):
-    (data,) = _run_reports(args, ctx, ("revenue", {"from": args.from_date, "to": args.to_date}))
-    return json_ready(data), revenue_lines(data, table)
+    (data,) = _run_reports(args, ctx, ("revenue", {
+        "from": args.from_date, "to": args.to_date, "by": args.by, "filters": args.filters,
+        "compare": args.compare}))
+    lines = _csv_lines("revenue", data) if args.csv else revenue_lines(data, table)
+    return json_ready(data), lines
 
 
 @command("report", "mrr")
@@ -501,12 +540,38 @@ def _report_mrr(args, ctx):
 
 @command("report", "traffic")
 def _report_traffic(args, ctx):
-    period = {"from": args.from_date, "to": args.to_date}
+    period = {"from": args.from_date, "to": args.to_date, "filters": args.filters,
+              "goal": args.goal}
     aggregate, breakdown = _run_reports(
-        args, ctx, ("aggregate", period),
+        args, ctx, ("aggregate", {**period, "compare": args.compare}),
         ("breakdown", {**period, "by": args.by, "limit": args.limit}))
     result = {"aggregate": aggregate, "breakdown": breakdown}
-    return json_ready(result), traffic_lines(aggregate, breakdown, table)
+    lines = _csv_lines("breakdown", breakdown) if args.csv \
+        else traffic_lines(aggregate, breakdown, table)
+    return json_ready(result), lines
+
+
+@command("report", "timeseries")
+def _report_timeseries(args, ctx):
+    (data,) = _run_reports(args, ctx, ("timeseries", {
+        "from": args.from_date, "to": args.to_date, "interval": args.interval,
+        "filters": args.filters, "goal": args.goal, "compare": args.compare}))
+    lines = _csv_lines("timeseries", data) if args.csv else timeseries_lines(data, table)
+    return json_ready(data), lines
+
+
+@command("report", "goals")
+def _report_goals(args, ctx):
+    (data,) = _run_reports(args, ctx, ("goals", {
+        "from": args.from_date, "to": args.to_date, "filters": args.filters,
+        "limit": args.limit}))
+    return json_ready(data), goals_lines(data, table)
+
+
+@command("report", "realtime")
+def _report_realtime(args, ctx):
+    (data,) = _run_reports(args, ctx, ("realtime", {}))
+    return json_ready(data), realtime_lines(data, table)
 
 
 def main(argv: Sequence[str] | None = None, *, context: Context | None = None) -> int:

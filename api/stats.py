@@ -1,7 +1,9 @@
-"""GET /api/v1/stats/*: revenue, MRR, MRR movements, traffic aggregate and breakdown.
+"""GET /api/v1/stats/*: revenue, MRR, MRR movements, traffic aggregate, breakdown, time
+series, goals and realtime.
 
 Scope `read`; a key only ever sees its own site. Parameters are checked by
-reports.params and a bad one is 400 invalid_input with its message.
+reports.params and a bad one is 400 invalid_input with its message. Breakdown, revenue
+and time series answer CSV for `format=csv` or an Accept header naming text/csv.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import falcon
 
 from api.auth import Authenticator, key_scope
 from api.errors import invalid_input
+from reports.csv_text import CSV_REPORTS, as_csv, wants_csv
 from reports.params import InvalidReportParameter
 from reports.service import run_report
 from storage.db import Database
@@ -40,11 +43,18 @@ class StatsResource:
 
     @falcon.before(key_scope("read"))
     def on_get(self, req, resp):
+        params = dict(req.params)
         try:
-            data = run_report(self.report, self.db, req.context.key.site_id, req.params,
+            csv = self.report in CSV_REPORTS and wants_csv(params, req.get_header("Accept"))
+            data = run_report(self.report, self.db, req.context.key.site_id, params,
                               self.clock(), max_delay_seconds=self.flush_interval)
         except InvalidReportParameter as exc:
             raise invalid_input(str(exc)) from None
+        if csv:
+            resp.content_type = "text/csv; charset=utf-8"
+            resp.set_header("Content-Disposition", f'attachment; filename="{self.report}.csv"')
+            resp.data = as_csv(self.report, data).encode()
+            return
         resp.media = {"ok": True, "data": data}
 
 

@@ -46,3 +46,30 @@ def traffic_lines(aggregate: dict, breakdown: dict, table: Table) -> list[str]:
             *table([aggregate], TRAFFIC_COLUMNS),
             "", f"By {breakdown['by']}",
             *table(breakdown["rows"], ("value", "visitors", "pageviews", "events"))]
+
+
+def timeseries_lines(data: dict, table: Table) -> list[str]:
+    columns = ["start", *TRAFFIC_COLUMNS]
+    if "goal" in data:
+        columns += ["conversions", "conversion_rate", "goal_events"]
+    lines = [f"Traffic per {data['interval']} from {data['from']} to {data['to']} (UTC)",
+             *table(data["rows"], columns)]
+    currencies = sorted({c for r in data["rows"] for c in r["revenue"]})
+    for currency in currencies:
+        rows = [{"start": r["start"], **r["revenue"].get(currency, {})} for r in data["rows"]]
+        lines += ["", currency, *table(rows, ("start", "net", "new_customers", "mrr"))]
+    return lines
+
+
+def goals_lines(data: dict, table: Table) -> list[str]:
+    rows = [{**g, "revenue": ", ".join(f"{c} {v['net']}" for c, v in g["revenue"].items())}
+            for g in data["goals"]]
+    return [f"Goals from {data['from']} to {data['to']} ({data['visitors']} visitors)",
+            *table(rows, ("name", "conversions", "events", "conversion_rate", "revenue"))]
+
+
+def realtime_lines(data: dict, table: Table) -> list[str]:
+    return [f"At {data['at']}: {data['visitors']} visitors in the last 5 minutes "
+            f"(events can be up to {data['max_delay_seconds']} s late)",
+            "", *table(data["top_pages"], ("page", "visitors", "pageviews")),
+            "", *table(data["top_sources"], ("source", "visitors"))]
