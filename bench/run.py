@@ -17,6 +17,7 @@ scenario), events persisted counted in the database after the queues drained.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sqlite3
 import subprocess
@@ -299,13 +300,18 @@ class Bench:
                     sample))
             timings = [time_report(service.url + path, headers, name)
                        for name, path in REPORT_PATHS]
+            stats_v2 = [time_report(service.url + path, headers, name)
+                        for name, path in stats_v2_paths(datetime.date.today())]
         finally:
             service.stop()
         return {"events": table_count(self.flusher_db, "events"),
                 "payments": table_count(self.flusher_db, "payments"),
                 "payments_refused": sum(1 for status in answers if status != 200),
                 "reports": timings,
-                "what": "GET each report 3 times through gunicorn; seconds is the median"}
+                "stats_v2": stats_v2,
+                "what": "GET each report 3 times through gunicorn; seconds is the median; "
+                        "for stats_v2, runs_s[0] is the first time (final days counted and "
+                        "stored) and runs_s[1:] answer from stored days"}
 
     def close(self) -> None:
         if self.tally is not None:
@@ -322,6 +328,30 @@ REPORT_PATHS = (
       for by in ("channel", "source", "page", "entry_page", "country", "device", "browser",
                  "os", "event")),
 )
+
+
+def stats_v2_paths(today: datetime.date) -> tuple[tuple[str, str], ...]:
+    """The reports of the Stats API v2, over the last 30 days unless said (hours: 7)."""
+    week = f"from={today - datetime.timedelta(days=6)}&to={today}"
+    return (
+        ("timeseries", "/api/v1/stats/timeseries"),
+        ("timeseries by week, filtered, compared",
+         "/api/v1/stats/timeseries?interval=week&filters=visit:medium==email"
+         "&compare=previous_period"),
+        ("timeseries by hour, 7 days", f"/api/v1/stats/timeseries?interval=hour&{week}"),
+        ("aggregate filtered, goal, compared",
+         "/api/v1/stats/aggregate?filters=source==Google&goal=page:/pricing"
+         "&compare=previous_period"),
+        ("breakdown by page, filtered", "/api/v1/stats/breakdown?by=page&filters=channel!=Direct"),
+        ("breakdown by source, goal", "/api/v1/stats/breakdown?by=source&goal=page:/signup"),
+        ("revenue by source", "/api/v1/stats/revenue?by=source"),
+        ("revenue by country, filtered, compared",
+         "/api/v1/stats/revenue?by=country&filters=channel!=Direct&compare=previous_period"),
+        ("revenue by campaign", "/api/v1/stats/revenue?by=campaign"),
+        ("goals", "/api/v1/stats/goals"),
+        ("realtime", "/api/v1/stats/realtime"),
+        ("breakdown by page as CSV", "/api/v1/stats/breakdown?by=page&format=csv"),
+    )
 
 
 def time_report(url: str, headers: dict, name: str, runs: int = 3) -> dict:

@@ -100,7 +100,8 @@ def test_results_document_has_its_shape_and_derived_figures(tmp_path):
     verdicts = {t["name"]: t["met"] for t in back["targets"]}
     assert verdicts == {"single_vs_ceiling": True, "batch_events_per_s": False,
                         "batch_vs_raw_sqlite": False, "p99_at_80": True, "rss": False,
-                        "cpu_per_event": False, "reports": None}
+                        "cpu_per_event": False, "reports": None, "stats_v2_first": None,
+                        "stats_v2_stored": None}
     assert not list(path.parent.glob("*.tmp"))
 
 
