@@ -115,7 +115,9 @@ def revenue_rows(conn: sqlite3.Connection, site_id: int, t0: int, t1: int) -> li
 
 
 # Customers linked now to a visitor id (customer.visitor_id, or user_id -> $identify) that
-# did a custom event in [t0, t1): (event name, customer id).
+# did a custom event in [t0, t1): (event name, customer id). The linked visitors' sessions
+# come from session_visitors, and each session's events from a seek in events_site_ts over
+# the session's own time span, so only the customers' visits are read, not the range.
 _CONVERTED_CUSTOMERS = (
     "WITH linked (customer_id, visitor_id) AS ("
     " SELECT customer_id, CAST(visitor_id AS INTEGER) FROM customers"
@@ -124,8 +126,13 @@ _CONVERTED_CUSTOMERS = (
     " SELECT c.customer_id, vi.visitor_id FROM customers c"
     "  JOIN visitor_identities vi ON vi.site_id = c.site_id AND vi.uid = c.user_id"
     "  WHERE c.site_id = ?1)"
-    " SELECT DISTINCT e.name, l.customer_id FROM events e JOIN linked l ON l.visitor_id = e.visitor_id"
-    " WHERE e.site_id = ?1 AND e.ts >= ?2 AND e.ts < ?3"
+    " SELECT DISTINCT e.name, l.customer_id"
+    " FROM linked l"
+    " CROSS JOIN session_visitors sv ON sv.site_id = ?1 AND sv.visitor_id = l.visitor_id"
+    " CROSS JOIN sessions s ON s.id = sv.session_id"
+    " CROSS JOIN events e ON e.site_id = ?1 AND e.ts >= max(s.started_at, ?2)"
+    "  AND e.ts <= min(s.last_seen_at, ?3 - 1) AND e.session_id = s.id"
+    " WHERE s.last_seen_at >= ?2 AND s.started_at < ?3"
     " AND e.name <> 'pageview' AND e.name <> '$identify'"
 )
 

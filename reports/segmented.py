@@ -119,7 +119,13 @@ def breakdown_rows(counts: list[SegmentCount], limit: int, with_goal: bool) -> l
 
 
 def breakdown(query: Query, period: DateRange, by: str, limit: int) -> dict:
-    counts = query.days().values(period, by)
+    """Filters only on the breakdown's own dimension keep or drop whole rows, so the rows
+    of the plain breakdown (stored days) answer them; other filters count a segment."""
+    if query.goal is None and query.filters and all(f.dimension == by for f in query.filters):
+        plain = TrafficDays(query.db, query.site_id, query.now_ms).values(period, by)
+        counts = [c for c in plain if touch_matches(query.filters, {by: c.value})]
+    else:
+        counts = query.days().values(period, by)
     return {**query.header(period), "by": by,
             "rows": breakdown_rows(counts, limit, query.goal is not None)}
 

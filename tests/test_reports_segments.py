@@ -382,3 +382,18 @@ def test_a_site_stores_a_bounded_number_of_segments(site_traffic, monkeypatch):
 def test_a_bad_parameter_is_400_with_its_problem(site_traffic, query, message):
     body = site_traffic.get(f"/api/v1/stats/timeseries?{query}", status=400)
     assert body == {"ok": False, "error": {"code": "invalid_input", "message": message}}
+
+
+@pytest.mark.parametrize("raw", ["page==/pricing|/docs", "page!=/blog", "page~DOC"])
+def test_a_filter_on_the_breakdowns_own_dimension_reads_the_stored_rows(site_traffic, raw):
+    later = FIRST_DAY + 9 * DAY
+    filtered = site_traffic.data(f"/api/v1/stats/breakdown?by=page&{RANGE}&filters={raw}",
+                                 at=later)
+    predicate = FILTERS.get(raw) or [("page", _not({"/blog"}) if "!=" in raw
+                                      else _is({"/pricing", "/docs"}) if "==" in raw
+                                      else _contains(["DOC"]))]
+    got = [(r["value"], r["visitors"], r["pageviews"], r["events"]) for r in filtered["rows"]]
+    assert got == reference_breakdown("page", predicate)
+    assert site_traffic.db.execute("SELECT count(*) FROM traffic_segment_dimensions").fetchone() == (0,)
+    stored = site_traffic.db.execute("SELECT DISTINCT dimension FROM traffic_day_dimensions")
+    assert stored.fetchall() == [("page",)]
