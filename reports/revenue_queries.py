@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import orjson
 
-from reports.mrr import _values_at_instants
+from reports.mrr_series import values_at_instants
 from reports.queries import SqlSubscriptions
 from reports.revenue import PaymentRow
 from reports.timeseries import RevenuePayment
@@ -104,7 +104,7 @@ def mrr_yearly_at(conn: sqlite3.Connection, site_id: int,
     """Each customer's yearly subscription value per currency at each instant."""
     if not instants:
         return {}
-    return _values_at_instants(SqlSubscriptions(conn, site_id), sorted(set(instants)))
+    return values_at_instants(SqlSubscriptions(conn, site_id), sorted(set(instants)))
 
 
 def revenue_rows(conn: sqlite3.Connection, site_id: int, t0: int, t1: int) -> list[PaymentRow]:

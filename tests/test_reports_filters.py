@@ -114,3 +114,38 @@ def test_revenue_per_bucket_by_hand():
     only_b = revenue_per_bucket(day_buckets, payments, first, mrr, keep=lambda c: c == "b")
     assert only_b[0]["EUR"] == {"net": Decimal("0.00"), "new_customers": 0, "mrr": Decimal("0.00")}
     assert only_b[1]["EUR"]["net"] == Decimal("1.00")
+
+
+def test_mrr_series_kept_up_to_date_equals_each_instant_read_afresh():
+    import random
+    from collections import defaultdict
+
+    from reports.mrr import Observation, SubscriptionHistory, SubscriptionPayment, monthly_value
+    from reports.mrr_series import values_at_instants
+
+    rng = random.Random(14)
+    hour = 3_600_000
+    observations, payments = [], []
+    for seq in range(300):
+        sub = f"s{rng.randrange(40)}"
+        at = rng.randrange(0, 200) * hour + rng.randrange(hour)
+        started = at - rng.choice([0, 5 * hour, 50 * hour])
+        ended = rng.choice([None, None, at + rng.randrange(-10, 60) * hour])
+        observations.append(Observation(
+            sub, f"c{int(sub[1:]) % 15}", rng.choice(["EUR", "USD"]), at,
+            rng.choice(["active", "active", "past_due", "canceled", "trialing"]),
+            rng.choice([None, Decimal(rng.randrange(1, 500)) / 4]),
+            rng.choice([None, "day", "week", "month", "year"]), None, started, ended, seq))
+        if rng.random() < 0.3:
+            payments.append(SubscriptionPayment(sub, "EUR", Decimal(rng.randrange(1, 99)),
+                                                at + hour, seq=seq))
+    source = SubscriptionHistory(observations, payments)
+    instants = sorted({rng.randrange(0, 260) * hour for _ in range(80)})
+    series = values_at_instants(source, instants)
+    for t in instants:
+        afresh = defaultdict(Decimal)
+        for state in source.states_at(t):
+            value = monthly_value(state, t)
+            if value is not None:
+                afresh[(value.currency, value.customer_id)] += value.yearly
+        assert {k: v for k, v in series[t].items() if v} == {k: v for k, v in afresh.items() if v}
