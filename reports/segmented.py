@@ -206,6 +206,8 @@ def goals(query: Query, period: DateRange, limit: int) -> dict:
     counts = query.days().values(period, "event")
     visitors = sum_totals(query.days().day_totals(period).values()).visitors
     conn = query.db.conn()
+    if not any(c.value is not None for c in counts):
+        return {**query.header(period), "visitors": visitors, "goals": []}
     converted = converted_customers(conn, query.site_id, period.start_ms, period.end_ms)
     keep = query.customer_filter()
     if keep is not None:
