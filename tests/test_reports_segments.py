@@ -397,3 +397,13 @@ def test_a_filter_on_the_breakdowns_own_dimension_reads_the_stored_rows(site_tra
     assert site_traffic.db.execute("SELECT count(*) FROM traffic_segment_dimensions").fetchone() == (0,)
     stored = site_traffic.db.execute("SELECT DISTINCT dimension FROM traffic_day_dimensions")
     assert stored.fetchall() == [("page",)]
+
+
+def test_a_session_filter_gives_its_breakdown_rows_figures(site_traffic):
+    rows = site_traffic.data(f"/api/v1/stats/breakdown?by=channel&{RANGE}")["rows"]
+    assert len(rows) == 3
+    for row in rows:
+        data = site_traffic.data(f"/api/v1/stats/aggregate?{RANGE}&filters=channel=={row['value']}")
+        assert traffic_counts(data) | {"sessions": 0} == {
+            "visitors": row["visitors"], "pageviews": row["pageviews"], "events": row["events"],
+            "sessions": 0}
