@@ -15,20 +15,21 @@ from reports.mrr_series import values_at_instants
 from reports.queries import SqlSubscriptions
 from reports.revenue import PaymentRow
 from reports.timeseries import RevenuePayment
+from storage.sessions import first_touch_join
 
 # Each customer's first-touch session, and that session's first event (its earliest, a
 # seek in events_site_ts at the session's start; $identify only when nothing else).
 _FIRST_TOUCHES = (
-    "SELECT ft.customer_id, s.channel, s.source, s.utm_medium, s.utm_campaign, s.utm_term,"
-    " s.utm_content, s.referrer, s.landing_page, s.entry_path, s.started_at,"
+    "SELECT c.customer_id, fs.channel, fs.source, fs.utm_medium, fs.utm_campaign,"  # noqa: S608 - fixed alias
+    " fs.utm_term, fs.utm_content, fs.referrer, fs.landing_page, fs.entry_path, fs.started_at,"
     " e.pathname, e.hostname, e.country, e.device, e.browser, e.os, e.name, e.props"
-    " FROM customer_first_touch ft"
-    " JOIN sessions s ON s.id = ft.session_id"
-    " LEFT JOIN events e ON e.id = ("
+    " FROM customers c"
+    + first_touch_join("c")  # sql-safe: a fixed alias
+    + " LEFT JOIN events e ON e.id = ("
     "  SELECT e2.id FROM events e2"
-    "   WHERE e2.site_id = s.site_id AND e2.ts = s.started_at AND e2.session_id = s.id"
+    "   WHERE e2.site_id = fs.site_id AND e2.ts = fs.started_at AND e2.session_id = fs.id"
     "   ORDER BY e2.name = '$identify', e2.id LIMIT 1)"
-    " WHERE ft.site_id = ?"
+    " WHERE c.site_id = ? AND fs.id IS NOT NULL"
 )
 TOUCH_FIELDS = ("channel", "source", "medium", "campaign", "term", "content", "referrer",
                 "landing_page", "entry_page", "started_at", "page", "hostname", "country",
