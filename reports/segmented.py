@@ -133,8 +133,8 @@ def breakdown(query: Query, period: DateRange, by: str, limit: int) -> dict:
 def timeseries(query: Query, period: DateRange, interval: str) -> dict:
     bucket_list = buckets(period, interval)
     if interval == "hour":
-        days = query.segment_days()
-        traffic = [days.count_totals(b.start_ms, b.end_ms) for b in bucket_list]
+        hours = query.segment_days().hour_totals(period)
+        traffic = [hours[b.start_ms // HOUR_MS] for b in bucket_list]
     else:
         per_day = query.days().day_totals(period)
         traffic = [sum_totals(per_day[d] for d in b.days) for b in bucket_list]

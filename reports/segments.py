@@ -20,6 +20,9 @@ from reports.segment_queries import Segment, SegmentCount, SegmentTotals
 from storage.db import Database
 
 MAX_STORED_SEGMENTS = 200
+# Filter values and goal names hold no control character, so no segment key ends so.
+HOURS_SUFFIX = "\x1fhour"
+HOUR_MS = 3_600_000
 
 _REGISTER = (
     "INSERT INTO traffic_segments (site_id, segment, created_at)"
@@ -75,9 +78,10 @@ class SegmentDays(TrafficDays):
         self.segment = Segment(filters, goal)
         self.key = segment_key(filters, goal)
 
-    def _registered(self, conn: sqlite3.Connection) -> bool:
-        conn.execute(_REGISTER, (self.site_id, self.key, self.now_ms, MAX_STORED_SEGMENTS))
-        return conn.execute(_REGISTERED, (self.site_id, self.key)).fetchone() is not None
+    def _registered(self, conn: sqlite3.Connection, key: str | None = None) -> bool:
+        key = key or self.key
+        conn.execute(_REGISTER, (self.site_id, key, self.now_ms, MAX_STORED_SEGMENTS))
+        return conn.execute(_REGISTERED, (self.site_id, key)).fetchone() is not None
 
     def count_totals(self, t0: int, t1: int) -> SegmentTotals:
         """Live figures of any bucket [t0, t1) (an hour, say); nothing is stored."""
@@ -100,6 +104,29 @@ class SegmentDays(TrafficDays):
             [day for day in range(first, last + 1) if day not in stored],
             lambda day: self.count_totals(day * DAY_MS, (day + 1) * DAY_MS), store)
         return {**stored, **counted}
+
+    def hour_totals(self, period: DateRange) -> dict[int, SegmentTotals]:
+        """Each hour's figures, by hour number (hours since 1970-01-01). A final day's 24
+        hours are stored together, as rows of the segment `<key>` + HOURS_SUFFIX whose `day` column
+        holds the hour number."""
+        key = self.key + HOURS_SUFFIX
+        first, last = _day_bounds(period)
+        stored = {row[0]: SegmentTotals(*row[1:]) for row in self.conn.execute(
+            _STORED_TOTALS, (self.site_id, key, first * 24, last * 24 + 23))}
+        stored_days = {hour // 24 for hour in stored}
+
+        def count(day: int) -> dict[int, SegmentTotals]:
+            return {hour: self.count_totals(hour * HOUR_MS, (hour + 1) * HOUR_MS)
+                    for hour in range(day * 24, day * 24 + 24)}
+
+        def store(conn: sqlite3.Connection, day: int, hours: dict[int, SegmentTotals]) -> None:
+            if self._registered(conn, key):
+                conn.executemany(_STORE_TOTALS, [(self.site_id, key, hour, *totals)
+                                                 for hour, totals in hours.items()])
+
+        counted = self._count([day for day in range(first, last + 1) if day not in stored_days],
+                              count, store)
+        return {**stored, **{hour: t for hours in counted.values() for hour, t in hours.items()}}
 
     def values(self, period: DateRange, by: str) -> list[SegmentCount]:
         first, last = _day_bounds(period)

@@ -407,3 +407,25 @@ def test_a_session_filter_gives_its_breakdown_rows_figures(site_traffic):
         assert traffic_counts(data) | {"sessions": 0} == {
             "visitors": row["visitors"], "pageviews": row["pageviews"], "events": row["events"],
             "sessions": 0}
+
+
+def test_hours_of_final_days_are_stored_and_read_back(site_traffic):
+    later = FIRST_DAY + 9 * DAY
+    path = f"/api/v1/stats/timeseries?{RANGE}&interval=hour&filters=source==Google"
+    first = site_traffic.data(path, at=later)
+    assert len(first["rows"]) == 72
+    daily = site_traffic.data(f"/api/v1/stats/timeseries?{RANGE}&filters=source==Google",
+                              at=later)["rows"]
+    for day in range(3):
+        hours = first["rows"][day * 24:(day + 1) * 24]
+        for figure in ("pageviews", "events", "sessions", "visitors"):
+            assert sum(h[figure] for h in hours) == daily[day][figure]
+    stored = site_traffic.db.execute(
+        "SELECT count(*) FROM traffic_segment_days WHERE segment = ?",
+        ("source==Google\x1fhour",)).fetchone()
+    assert stored == (72,)
+    site_traffic.db.execute("PRAGMA foreign_keys = OFF")
+    site_traffic.db.execute("DELETE FROM events")
+    site_traffic.db.execute("DELETE FROM sessions")
+    site_traffic.db.commit()
+    assert site_traffic.data(path, at=later) == first
