@@ -18,7 +18,7 @@ import webtest
 
 from app import create_app
 from storage.db import Database
-from tests.conftest import bearer, rows, run_cli
+from tests.conftest import bearer, http, rows, run_cli
 from tests.stripe_events import (
     FIXTURES,
     SECRET,
@@ -356,3 +356,37 @@ def test_a_customers_life(stripe_site, tally, client, site, clock, db_path):
     usd = read(client, site, "/api/v1/stats/revenue?from=2026-09-01&to=2027-01-31")["currencies"]["USD"]
     assert (usd["chargebacks"], usd["net"], usd["payments"]) == (Decimal(0), Decimal(111), 6)
     assert read(client, site, "/api/v1/customers/cus_life")["totals"]["USD"]["refunded"] == Decimal(15)
+
+
+# Through gunicorn ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_through_gunicorn_applied_once_and_no_secret_in_any_log(db_path, server_factory):
+    account = json.loads(run_cli("account", "create", "--name", "A", "--json", db=db_path).stdout)
+    site_id = json.loads(run_cli("site", "create", "--account", account["id"], "--host",
+                                 "example.com", "--json", db=db_path).stdout)["id"]
+    set_secret(db_path, site_id)
+    server = server_factory(db_path, workers=2, env={
+        "GUNICORN_CMD_ARGS": "--access-logfile=- --error-logfile=- --log-level=debug",
+        "TALLY_LOG_LEVEL": "DEBUG",
+    })
+    url = server.url + URL.format(site_id)
+    event = _event()
+    payload = body(event)
+    statuses = []
+    for _ in range(3):  # Stripe's retries: one applied, then duplicates, whichever worker
+        status, _, answer = http("POST", url, payload, {"Stripe-Signature": sign(payload),
+                                                        "Content-Type": "application/json"})
+        statuses.append((status, json.loads(answer)["data"]["status"]))
+    assert statuses == [(200, "applied"), (200, "duplicate"), (200, "duplicate")]
+    ignored = body(stripe_event("plan.created", FIXTURES["event"]["data"]["object"], created=1))
+    assert http("POST", url, ignored, {"Stripe-Signature": sign(ignored)})[0] == 200
+    status, _, answer = http("POST", url, payload, {"Stripe-Signature": sign(payload, "whsec_x")})
+    assert status == 400 and SECRET[6:].encode() not in answer
+    assert rows(db_path, "SELECT payment_id, amount FROM payments") == [
+        {"payment_id": "ch_1", "amount": "49.99"}]
+    server.stop()
+    log = server.log()
+    assert "ignored event type plan.created" in log
+    assert f'"POST /api/v1/integrations/stripe/{site_id} HTTP/1.1" 200' in log
+    assert SECRET not in log and SECRET[6:] not in log and SECRET[6:20] not in log

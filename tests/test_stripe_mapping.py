@@ -107,6 +107,22 @@ def test_stripes_example_charge_maps():
     (write,) = writes("charge.succeeded", FIXTURES["charge"])
     assert (write.payment.payment_id, write.payment.amount) == ("ch_1PgafuB7WZ01zgkWXYmPNZs8",
                                                                  Decimal("1"))
+    # Stripe's example is authorized but not captured: no money yet.
+    assert (write.payment.status, write.version.rank) == ("pending", 0)
+
+
+def test_an_uncaptured_charge_is_pending_until_captured_and_failed_when_it_expires():
+    authorized = charge("ch_a", 3000, customer="cus_1", created="2026-09-21", captured=False,
+                        amount_captured=0)
+    (write,) = writes("charge.succeeded", authorized)
+    assert (write.payment.status, write.payment.amount, write.version.rank) == (
+        "pending", Decimal(30), 0)
+    captured = charge("ch_a", 3000, customer="cus_1", created="2026-09-21", amount_captured=2500)
+    (write,) = writes("charge.captured", captured)
+    assert (write.payment.status, write.payment.amount, write.version.rank) == (
+        "succeeded", Decimal(25), 1)
+    (write,) = writes("charge.expired", authorized)
+    assert (write.payment.status, write.version.rank) == ("failed", 1)
 
 
 @pytest.mark.parametrize("event_type", ["refund.created", "refund.updated", "charge.refund.updated"])

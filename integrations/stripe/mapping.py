@@ -8,6 +8,7 @@ tests/test_stripe_mapping.py.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -146,6 +147,8 @@ _CHARGE_STATUSES = {"succeeded": ("succeeded", 1), "failed": ("failed", 1),
 
 def _charge(charge: dict, created: int) -> list[Write]:
     status, rank = _CHARGE_STATUSES.get(charge.get("status"), ("pending", 0))
+    if status == "succeeded" and charge.get("captured") is False:
+        status, rank = "pending", 0  # authorized, not captured: no money yet
     amount = charge.get("amount")
     if charge.get("captured") and _positive_int(charge.get("amount_captured")):
         amount = charge["amount_captured"]
@@ -170,6 +173,18 @@ def _charge(charge: dict, created: int) -> list[Write]:
     for refund in (refunds.get("data") or []) if isinstance(refunds, dict) else []:
         writes += _refund(refund, created, customer=customer, charge_id=charge["id"])
     return writes
+
+
+def _expired_charge(charge: dict, created: int) -> list[Write]:
+    """An authorization never captured: the charge failed to take money."""
+    return [_with_status(write, "failed", 1) if isinstance(write, PaymentWrite)
+            and write.payment.payment_id == charge["id"] else write
+            for write in _charge(charge, created)]
+
+
+def _with_status(write: PaymentWrite, status: str, rank: int) -> PaymentWrite:
+    return dataclasses.replace(write, payment=dataclasses.replace(write.payment, status=status),
+                               version=dataclasses.replace(write.version, rank=rank))
 
 
 def _charge_customer(charge: dict) -> dict:
@@ -557,6 +572,7 @@ HANDLERS: dict[str, Callable[[dict, int], list[Write]]] = {
     "charge.captured": _charge,
     "charge.updated": _charge,
     "charge.refunded": _charge,
+    "charge.expired": _expired_charge,
     "refund.created": _refund,
     "refund.updated": _refund,
     "refund.failed": _refund,
