@@ -204,6 +204,13 @@ def test_an_invoice_without_its_charge_records_a_subscription_state():
                                                                     "2026-09-21T12:00:00Z")
 
 
+def test_a_free_invoice_gives_nothing():
+    lines = [invoice_line("sub_1", 0, start="2026-09-21", end="2026-10-21")]
+    obj = _pro_invoice(lines=lines)
+    obj["amount_paid"] = 0
+    assert writes("invoice.paid", obj) == ()
+
+
 def test_a_one_off_invoice_gives_nothing():
     obj = _pro_invoice()
     obj["parent"] = None
@@ -320,3 +327,31 @@ def test_unusable_events_say_why(event, message):
     with pytest.raises(UnusableEvent) as caught:
         map_event(event)
     assert str(caught.value) == message
+
+
+def test_collection_paused_counts_as_paused():
+    obj = subscription("sub_1", "cus_1", [(price("p", 1000), 1)], status="active",
+                       start="2026-09-01", pause_collection={"behavior": "void", "resumes_at": None})
+    (write,) = writes("customer.subscription.paused", obj)
+    assert write.subscription.status == "paused"
+
+
+def test_an_invoice_carries_the_subscriptions_links_and_customer_details():
+    obj = _pro_invoice(customer_email="Eve@Example.com", customer_name="Eve",
+                       customer_address={"country": "fr"})
+    obj["parent"]["subscription_details"]["metadata"] = {"tally_visitor_id": "77"}
+    (write,) = writes("invoice.paid", obj)
+    customer = write.payment.customer
+    assert (customer.id, customer.email, customer.name, customer.country, customer.visitor_id) == (
+        "cus_1", "eve@example.com", "Eve", "FR", "77")
+
+
+def test_invalid_optional_customer_fields_are_left_out_not_refused():
+    obj = charge("ch_1", 100, customer="cus_1", created="2026-09-21",
+                 metadata={"tally_visitor_id": "x" * 129},
+                 billing_details={"email": "not-an-email", "name": "N" * 201,
+                                  "address": {"country": "XX"}})
+    (write,) = writes("charge.succeeded", obj)
+    customer = write.payment.customer
+    assert (customer.email, customer.name, customer.country, customer.visitor_id) == (
+        None, None, None, None)

@@ -288,6 +288,8 @@ def _invoice(invoice: dict, created: int) -> list[Write]:
         (Decimal(d["amount"]) for d in line.get("discount_amounts") or []), Decimal(0))
         for line in lines]
     interval, amount = _per_interval(zip(intervals, amounts, strict=True))
+    if amount == 0 and not _positive_int(invoice.get("amount_paid")):
+        return []  # a trial's or fully discounted invoice: the subscription events say more
     paid_at = _dig(invoice, "status_transitions", "paid_at") or created
     block = {
         "id": subscription_id,
