@@ -29,6 +29,9 @@ FLUSH_SECONDS = Histogram("tally_flush_duration_seconds", "Time to enrich and co
 FLUSH_BATCH = Histogram("tally_flush_batch_size", "Events stored by one flush.",
                         buckets=(1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000), registry=LOCAL)
 PAYMENT_UPSERTS = Counter("tally_payment_upserts", "Payments stored or updated.", registry=LOCAL)
+STRIPE_EVENTS = Counter("tally_stripe_events", "Verified Stripe webhook events by outcome (applied, "
+                        "duplicate: seen before, ignored: a type Tally does not use) and type.",
+                        ["outcome", "type"], registry=LOCAL)
 REPORT_SECONDS = Histogram("tally_report_duration_seconds", "Time to answer a stats request, by route.",
                            ["route"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                            registry=LOCAL)
@@ -62,3 +65,8 @@ def queue_depth(events: int) -> None:
 
 def payment_upserted() -> None:
     PAYMENT_UPSERTS.inc()
+
+
+def stripe_event(outcome: str, event_type: str) -> None:
+    """outcome: applied, duplicate or ignored; the type comes from a verified Stripe event."""
+    STRIPE_EVENTS.labels(outcome, event_type[:80]).inc()

@@ -17,6 +17,7 @@ import pytest
 import webtest
 
 from app import create_app
+from metrics import LOCAL
 from storage.db import Database
 from tests.conftest import bearer, http, rows, run_cli
 from tests.stripe_events import (
@@ -35,8 +36,10 @@ from tests.stripe_events import (
     subscription,
     unix,
 )
+from tests.test_metrics import sample
 
 URL = "/api/v1/integrations/stripe/{}"
+METRICS_TOKEN = "metrics-token-0123456789"
 UA = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
 
 
@@ -170,12 +173,16 @@ def test_unusable_events_and_bodies_are_400(stripe_site):
 
 def test_unknown_types_are_200_ignored_and_counted_in_logs(stripe_site, caplog, tally):
     plan = FIXTURES["event"]["data"]["object"]  # Stripe's example event: plan.created
+    before = LOCAL.get_sample_value("tally_stripe_events_total",
+                                    {"outcome": "ignored", "type": "plan.created"}) or 0
     with caplog.at_level(logging.INFO, logger="tally"):
         for n in range(2):
             data = stripe_site.post(stripe_event("plan.created", plan, created=1, event_id=f"e{n}"))
             assert data == {"ok": True, "data": {"id": f"e{n}", "status": "ignored"}}
     assert "ignored event type plan.created" in caplog.text and "(2 of this type" in caplog.text
     assert tally.stripe_webhook.ignored.counts() == {"plan.created": 2}
+    assert LOCAL.get_sample_value("tally_stripe_events_total",
+                                  {"outcome": "ignored", "type": "plan.created"}) == before + 2
 
 
 # Duplicates and order ----------------------------------------------------------------------
@@ -368,7 +375,7 @@ def test_through_gunicorn_applied_once_and_no_secret_in_any_log(db_path, server_
     set_secret(db_path, site_id)
     server = server_factory(db_path, workers=2, env={
         "GUNICORN_CMD_ARGS": "--access-logfile=- --error-logfile=- --log-level=debug",
-        "TALLY_LOG_LEVEL": "DEBUG",
+        "TALLY_LOG_LEVEL": "DEBUG", "TALLY_METRICS_TOKEN": METRICS_TOKEN,
     })
     url = server.url + URL.format(site_id)
     event = _event()
@@ -385,6 +392,12 @@ def test_through_gunicorn_applied_once_and_no_secret_in_any_log(db_path, server_
     assert status == 400 and SECRET[6:].encode() not in answer
     assert rows(db_path, "SELECT payment_id, amount FROM payments") == [
         {"payment_id": "ch_1", "amount": "49.99"}]
+    scraped = http("GET", server.url + "/metrics", None, bearer(METRICS_TOKEN))[2].decode()
+    counts = {(outcome, kind): sample(scraped, "tally_stripe_events_total", outcome=outcome, type=kind)
+              for outcome, kind in (("applied", "charge.succeeded"), ("duplicate", "charge.succeeded"),
+                                    ("ignored", "plan.created"))}
+    assert counts == {("applied", "charge.succeeded"): 1, ("duplicate", "charge.succeeded"): 2,
+                      ("ignored", "plan.created"): 1}, scraped
     server.stop()
     log = server.log()
     assert "ignored event type plan.created" in log

@@ -74,7 +74,7 @@ def test_charges_become_one_payment_each(event_type, status, tally_status, rank)
     assert isinstance(write, PaymentWrite) and write.keeps_subscription
     assert (payment.payment_id, payment.kind, payment.status) == ("ch_1", "charge", tally_status)
     assert payment.paid_at.text == "2026-09-20T08:00:00Z"
-    assert payment.metadata == {"order": "42", "tally_visitor_id": "-42"}
+    assert payment.metadata == {"order": "42"}  # the link is the customer's, not the payment's
     customer = payment.customer
     assert (customer.id, customer.email, customer.name, customer.country, customer.visitor_id) == (
         "cus_9", "ada@example.com", "Ada", "DE", "-42")

@@ -539,9 +539,12 @@ def _list(value: Any) -> list[dict]:
 
 
 def _metadata(value: Any) -> dict[str, str] | None:
-    if isinstance(value, dict) and value and all(isinstance(v, str) for v in value.values()):
-        return dict(value)
-    return None
+    """An object's metadata for the payment, without the visitor and user links: those are
+    the customer's (where erasing a customer clears them), not the payment's."""
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        return None
+    kept = {key: text for key, text in value.items() if key not in (VISITOR_KEY, USER_KEY)}
+    return kept or None
 
 
 def _positive_int(value: Any) -> bool:

@@ -15,6 +15,7 @@ import threading
 
 import stripe
 
+import metrics
 from api.bodies import parse_json, read_limited
 from api.errors import ApiError, invalid_input, rate_limited
 from integrations.stripe.mapping import UnusableEvent, map_event
@@ -64,6 +65,7 @@ class StripeWebhook:
         except UnusableEvent as exc:
             raise invalid_input(str(exc)) from None
         if not mapped.handled:
+            metrics.stripe_event("ignored", mapped.type)
             count = self.ignored.add(mapped.type)
             log.info("stripe: ignored event type %s for site %s (%d of this type in this worker)",
                      mapped.type[:80], site_id, count)
@@ -78,6 +80,7 @@ class StripeWebhook:
                       site_id, exc)
             raise ApiError(500, "internal_error", "the event could not be stored; retry later") from None
         status = "applied" if applied else "duplicate"
+        metrics.stripe_event(status, mapped.type)
         resp.media = {"ok": True, "data": {"id": mapped.event_id, "status": status}}
 
 
