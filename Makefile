@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 BIND ?= 127.0.0.1:8000
 WORKERS ?= 2
 
-.PHONY: install system-deps run test lint bench fuzz clean dist
+.PHONY: install system-deps run test lint bench bench-dist fuzz clean dist dist-binary test-dist-binary
 
 install: $(VENV)/.installed
 
@@ -28,10 +28,35 @@ run: install
 PYZ ?= dist/tally.pyz
 dist: install
 	@mkdir -p $(dir $(PYZ))
-	@rm -rf build  # setuptools would reuse stale files of an earlier build
+	@rm -rf build/lib  # setuptools would reuse stale files of an earlier build
 	$(BIN)/shiv --quiet --compressed --reproducible --entry-point cli:main \
 		--python '/usr/bin/env python3' --output-file $(PYZ) . >/dev/null
 	@ls -l $(PYZ)
+
+# dist/tally: one executable that needs no Python at all (PyInstaller --onefile, Linux
+# x86_64, glibc at least the build machine's). Built in its own venv (build/binary-venv), in
+# several minutes; `make test-dist-binary` builds it and runs tests/test_dist.py's scenario
+# on it. Every package with run-time data or dynamic imports is collected whole.
+BINARY ?= dist/tally
+BINARY_VENV := build/binary-venv
+BINARY_PACKAGES := app cli config vocabulary storage api attribution tracker dashboard \
+	integrations metrics serving quota enrichment ingest reports validation \
+	iso4217 pycountry iptocc crawlerdetect ua_parser ua_parser_builtins ua_parser_rs falcon \
+	gunicorn stripe jinja2 argon2 prometheus_client pythonjsonlogger
+dist-binary:
+	test -x $(BINARY_VENV)/bin/python || $(PYTHON) -m venv $(BINARY_VENV)
+	$(BINARY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check . pyinstaller==6.22.3
+	rm -rf build/pyinstaller
+	$(BINARY_VENV)/bin/pyinstaller --onefile --noconfirm --log-level ERROR --name $(notdir $(BINARY)) \
+		--distpath $(dir $(BINARY)) --workpath build/pyinstaller --specpath build/pyinstaller \
+		--hidden-import serving.gunicorn_conf --hidden-import serving.logs \
+		$(foreach package,$(BINARY_PACKAGES),--collect-all $(package)) \
+		$(CURDIR)/scripts/tally_binary.py
+	@ls -l $(BINARY)
+
+test-dist-binary: install dist-binary
+	TALLY_TEST_DIST_BINARY=$(abspath $(BINARY)) $(BIN)/python -m pytest -q \
+		tests/test_dist.py::test_the_binary_build_serves_from_an_empty_folder
 
 # Headless Chromium, its driver and nginx for the real-part tests: installed through apt
 # when root or sudo allows; required under CI=true, otherwise their tests skip loudly.
@@ -57,6 +82,11 @@ bench:
 	@command -v $(WRK) >/dev/null 2>&1 || { echo "make bench needs wrk: apt-get install wrk" >&2; exit 1; }
 	@$(MAKE) --no-print-directory install
 	$(BIN)/python -m bench.run --workers $(WORKERS) --wrk $(WRK) --readme
+	@$(MAKE) --no-print-directory bench-dist
+
+# The one-file build's size and start times (bench/dist.py); needs no wrk.
+bench-dist: install
+	$(BIN)/python -m bench.dist
 
 clean:
 	rm -rf $(VENV) var .pytest_cache *.egg-info build dist

@@ -53,17 +53,17 @@ def pyz(tmp_path_factory) -> Path:
 
 
 class Folder:
-    """An empty folder holding only tally.pyz, and a minimal environment to run it in."""
+    """An empty folder holding only the built file, and a minimal environment to run it in."""
 
-    def __init__(self, root: Path, pyz: Path):
+    def __init__(self, root: Path, artifact: Path, command: list[str]):
         self.root = root
-        (root / "tally.pyz").write_bytes(pyz.read_bytes())
-        self.python = python3_outside_the_venv()
+        shutil.copy2(artifact, root / artifact.name)
+        self.command = command
         # HOME is where shiv unpacks its site-packages once (~/.shiv).
         self.env = {"PATH": "/usr/bin:/bin", "HOME": str(root / "home"), "LANG": "C.UTF-8"}
 
     def tally(self, *args: str) -> dict:
-        proc = subprocess.run([self.python, "tally.pyz", *args, "--json"], cwd=self.root,
+        proc = subprocess.run([*self.command, *args, "--json"], cwd=self.root,
                               env=self.env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, f"tally {args}: {proc.stderr}"
         return orjson.loads(proc.stdout)
@@ -72,8 +72,23 @@ class Folder:
 @pytest.mark.slow
 def test_the_one_file_build_serves_from_an_empty_folder(pyz, tmp_path):
     (tmp_path / "empty").mkdir()
-    folder = Folder(tmp_path / "empty", pyz)
-    assert sorted(p.name for p in folder.root.iterdir()) == ["tally.pyz"]
+    exercise(Folder(tmp_path / "empty", pyz, [python3_outside_the_venv(), "tally.pyz"]), tmp_path)
+
+
+@pytest.mark.slow
+def test_the_binary_build_serves_from_an_empty_folder(tmp_path):
+    """`make dist-binary` (PyInstaller, no Python needed) passes the same test; it takes
+    minutes to build, so `make test-dist-binary` builds it and runs this with its path."""
+    built = os.environ.get("TALLY_TEST_DIST_BINARY")
+    if not built:
+        pytest.skip("the binary build is tested by `make test-dist-binary`")
+    (tmp_path / "empty").mkdir()
+    exercise(Folder(tmp_path / "empty", Path(built), ["./" + Path(built).name]), tmp_path)
+
+
+def exercise(folder: Folder, tmp_path: Path) -> None:
+    """init, serve, an event and a payment read back, SIGTERM, then `tally check`."""
+    assert len(list(folder.root.iterdir())) == 1
     assert folder.tally("init")["ok"]
     assert (folder.root / "var" / "tally.db").is_file()
     account = folder.tally("account", "create", "--name", "One File")
@@ -83,7 +98,7 @@ def test_the_one_file_build_serves_from_an_empty_folder(pyz, tmp_path):
 
     port = free_port()
     log = open(tmp_path / "serve.log", "wb")
-    server = subprocess.Popen([folder.python, "tally.pyz", "serve", "--bind", f"127.0.0.1:{port}",
+    server = subprocess.Popen([*folder.command, "serve", "--bind", f"127.0.0.1:{port}",
                                "--workers", "2"], cwd=folder.root, env=folder.env, stdout=log,
                               stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -106,6 +121,9 @@ def test_the_one_file_build_serves_from_an_empty_folder(pyz, tmp_path):
         assert orjson.loads(body)["data"]["amount"] == 12.5
         status, _, body = http("GET", base + "/api/v1/openapi.json")
         assert status == 200 and orjson.loads(body)["openapi"].startswith("3.")
+        # Other packages' data files ship too: the dashboard's templates, the script.
+        status, _, body = http("GET", base + "/login")
+        assert status == 200 and b"<form" in body
         status, _, body = http("GET", base + "/js/tally.js")
         assert status == 200 and body == (REPO / "tracker" / "static" / "tally.js").read_bytes()
     finally:
