@@ -35,6 +35,7 @@ from reports.text import (
     traffic_lines,
 )
 from reports.timeseries import INTERVALS
+from storage import deadletters
 from storage.check import run_checks
 from storage.db import Database, StorageError
 from storage.directory import Directory, InvalidArgument, NotFound
@@ -151,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     listing = share.add_parser("list", help="list links (never their tokens)")
     listing.add_argument("--site", metavar="SITE_ID")
 
+    deadletter = commands.add_parser(
+        "deadletter", help="accepted events the flush could not store").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    listing = deadletter.add_parser("list", help="the latest events set aside, with the reason")
+    listing.add_argument("--limit", type=int, default=100, metavar="N", help="rows (default 100)")
+
     report = commands.add_parser("report", help="revenue, MRR and traffic of a site").add_subparsers(
         dest="action", required=True, metavar="REPORT")
     for name, help_text in (
@@ -265,6 +272,11 @@ def _check(args, ctx):
     else:
         lines.append(f"usage: {len(report.mismatches)} mismatches")
         lines += table(report.mismatches, ["account", "month", "usage", "events"])
+    if report.dead_letters:
+        lines.append(f"dead letters: {report.dead_letters} accepted events could not be stored"
+                     " (tally deadletter list)")
+    else:
+        lines.append("dead letters: none")
     return report.as_json(), lines, 0 if report.ok else 1
 
 
@@ -503,6 +515,19 @@ def _share_list(args, ctx):
     return {"links": links}, table(links, ["id", "site", "revenue", "created_at", "revoked"])
 
 
+@command("deadletter", "list")
+def _deadletter_list(args, ctx):
+    if args.limit < 1:
+        raise CliError("--limit must be at least 1")
+    letters = deadletters.latest(ctx.db.conn(), args.limit)
+    total = deadletters.count(ctx.db.conn()) or 0
+    shown = [{**letter, "name": letter["event"].get("name"), "url": letter["event"].get("url")}
+             for letter in letters]
+    lines = [f"{total} events set aside"]
+    lines += table(shown, ["id", "site", "month", "set_aside_at", "name", "reason"])
+    return {"total": total, "dead_letters": letters}, lines
+
+
 def _run_reports(args, ctx, *reports: tuple[str, dict]) -> list[dict]:
     """The endpoints' data for the site (money as Decimal), with the endpoints' checks."""
     site = ctx.directory.find_site(args.site)
@@ -593,6 +618,9 @@ def main(argv: Sequence[str] | None = None, *, context: Context | None = None) -
     except (CliError, NotFound, InvalidArgument, ConfigError, StorageError, MaintenanceError) as exc:
         print(f"tally: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:  # a bug or bad stored data: one line for the operator, no traceback
+        print(f"tally: {args.group} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(result) + b"\n")
     else:

@@ -42,9 +42,10 @@ class Config:
         defaults = cls()
         return cls(
             db_path=env.get("TALLY_DB") or defaults.db_path,
-            queue_max=_positive_int(env, "TALLY_QUEUE_MAX", defaults.queue_max),
+            queue_max=_int_between(env, "TALLY_QUEUE_MAX", defaults.queue_max,
+                                   QUEUE_MAX_RANGE, "the largest batch one request may carry"),
             flush_interval=_positive_float(env, "TALLY_FLUSH_INTERVAL", defaults.flush_interval),
-            log_level=(env.get("TALLY_LOG_LEVEL") or defaults.log_level).upper(),
+            log_level=_log_level(env, defaults.log_level),
             trusted_proxies=_networks(env, "TALLY_TRUSTED_PROXIES", defaults.trusted_proxies),
             public_url=_public_url(env),
             log_format=_choice(env, "TALLY_LOG_FORMAT", ("text", "json"), defaults.log_format),
@@ -69,6 +70,14 @@ def _networks(env: Mapping[str, str], name: str, default: tuple) -> tuple:
     return tuple(networks)
 
 
+# A queue smaller than one request's batch refuses every such request forever (503); the
+# top bounds the memory a worker may hold (events of at most 8 KB bodies / 50 events).
+# The low end is the spec's 50 events per batch (validation.event.MAX_BATCH, a layer up;
+# tests/test_hardening.py holds them equal).
+QUEUE_MAX_RANGE = (50, 1_000_000)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def _positive_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = env.get(name)
     if not raw:
@@ -80,6 +89,29 @@ def _positive_int(env: Mapping[str, str], name: str, default: int | None) -> int
     if value < 1:
         raise ConfigError(f"{name} must be at least 1, not {value}")
     return value
+
+
+def _int_between(env: Mapping[str, str], name: str, default: int, bounds: tuple[int, int],
+                 why_low: str) -> int:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None
+    low, high = bounds
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be between {low} ({why_low}) and {high}, not {value}")
+    return value
+
+
+def _log_level(env: Mapping[str, str], default: str) -> str:
+    level = (env.get("TALLY_LOG_LEVEL") or default).upper()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"TALLY_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)},"
+                          f" not {env.get('TALLY_LOG_LEVEL')!r}")
+    return level
 
 
 def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:

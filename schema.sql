@@ -251,7 +251,8 @@ CREATE INDEX IF NOT EXISTS session_visitors_session ON session_visitors (session
 -- $identify: the caller's user id seen from a visitor (ip + ua under a daily salt).
 CREATE TABLE IF NOT EXISTS visitor_identities (
     site_id    INTEGER NOT NULL REFERENCES sites (id),
-    uid        TEXT    NOT NULL CHECK (length(uid) BETWEEN 1 AND 128),
+    -- Bytes, as the validator counts them: length() counts characters and stops at a NUL.
+    uid        TEXT    NOT NULL CHECK (length(CAST(uid AS BLOB)) BETWEEN 1 AND 128),
     visitor_id INTEGER NOT NULL,
     linked_at  INTEGER NOT NULL,
     PRIMARY KEY (site_id, uid, visitor_id)
@@ -566,5 +567,20 @@ CREATE TABLE IF NOT EXISTS traffic_segment_values (
 );
 CREATE INDEX IF NOT EXISTS traffic_segment_values_read
     ON traffic_segment_values (site_id, segment, dimension, day);
+-- Robustness (issue 12) ---------------------------------------------------------
+-- Version 14: visitor_identities.uid is checked in bytes (storage/migrations.py).
+-- Accepted events the flush could not store (a constraint, a datatype, a bug: anything a
+-- retry cannot fix), each set aside alone with the reason, so no event holds up another
+-- (ingest/flusher.py). `event` is the validated event as JSON, without the raw IP address.
+-- `tally check` counts them; `tally deadletter list` shows them.
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id          INTEGER PRIMARY KEY,
+    site_id     INTEGER NOT NULL,
+    account_id  INTEGER NOT NULL,
+    month       TEXT    NOT NULL,
+    set_aside_at INTEGER NOT NULL,
+    reason      TEXT    NOT NULL,
+    event       TEXT    NOT NULL CHECK (json_valid(event))
+);
 
-PRAGMA user_version = 13;
+PRAGMA user_version = 14;

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import falcon
 import orjson
+from gunicorn.http.errors import ParseException
 
 from api.errors import invalid_input, too_large
+
+BROKEN_BODY = "invalid body: malformed chunked transfer encoding, or the body was cut short"
 
 
 def read_limited(req: falcon.Request, limit: int) -> bytes:
@@ -15,7 +18,12 @@ def read_limited(req: falcon.Request, limit: int) -> bytes:
     # Without Content-Length (chunked transfer) Falcon's bounded_stream reads nothing;
     # gunicorn's wsgi.input decodes the chunks, and we still stop one byte past the limit.
     stream = req.bounded_stream if length is not None else req.stream
-    data = stream.read(limit + 1)
+    try:
+        data = stream.read(limit + 1)
+    except (OSError, ValueError, ParseException):
+        # gunicorn decodes chunked framing while we read (InvalidChunkSize,
+        # ChunkMissingTerminator, NoMoreData are OSErrors): the caller's fault, not ours.
+        raise invalid_input(BROKEN_BODY) from None
     if len(data) > limit:
         raise too_large(limit)
     return data

@@ -113,7 +113,8 @@ def build_events(config, db, auth: Authenticator, directory, clock: Callable[[],
         write_batch(conn, batch)
 
     flusher = Flusher(db, EventQueue(config.queue_max), Enricher(db, clock, random_bytes),
-                      interval=config.flush_interval, quota=quota, write=write)
+                      interval=config.flush_interval, quota=quota, write=write,
+                      clock=clock)
     flusher.busy_timeout_ms, flusher.backoff = config.flush_busy_timeout_ms, config.flush_backoff
     sites = TTLCache(directory.find_site, clock, ttl=config.cache_ttl,
                      max_entries=config.cache_entries)

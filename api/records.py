@@ -15,7 +15,7 @@ import falcon
 from api.auth import Authenticator, key_scope
 from api.errors import not_found
 from attribution.first_touch import customer_attribution
-from reports.money import round_money
+from reports.money import exact_decimals, round_money
 from storage.db import Database
 from storage.payments import (
     find_customer,
@@ -74,18 +74,19 @@ def customer_totals(payments: Iterable[tuple[str, str, Decimal]]) -> dict:
     paid: dict[str, Decimal] = defaultdict(Decimal)
     refunded: dict[str, Decimal] = defaultdict(Decimal)
     counts: dict[str, int] = defaultdict(int)
-    for currency, kind, amount in payments:
-        if kind == "charge":
-            paid[currency] += amount
-        else:
-            refunded[currency] += amount
-        counts[currency] += 1
-    return {
-        currency: {
-            "paid": round_money(paid[currency], currency),
-            "refunded": round_money(refunded[currency], currency),
-            "net": round_money(paid[currency] - refunded[currency], currency),
-            "payments": counts[currency],
+    with exact_decimals():  # never the default context, which rounds at 28 digits
+        for currency, kind, amount in payments:
+            if kind == "charge":
+                paid[currency] += amount
+            else:
+                refunded[currency] += amount
+            counts[currency] += 1
+        return {
+            currency: {
+                "paid": round_money(paid[currency], currency),
+                "refunded": round_money(refunded[currency], currency),
+                "net": round_money(paid[currency] - refunded[currency], currency),
+                "payments": counts[currency],
+            }
+            for currency in sorted(counts)
         }
-        for currency in sorted(counts)
-    }

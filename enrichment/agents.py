@@ -1,30 +1,70 @@
-"""User agents: the bot verdict (crawlerdetect) and browser, OS and device (ua-parser).
+"""User agents: the bot verdict (crawlerdetect's lists) and browser, OS and device (ua-parser).
 
 Both are cached per user-agent string: a server sees few distinct agents, and a miss
 costs hundreds of microseconds. The caches are bounded; when one is full it starts over.
+
+The caller chooses the text, so both look at its first UA_ANALYSED_CHARS characters
+only: a real browser's agent is far shorter, and the bot expressions cost time in
+proportion to the length (about 12 us a character; bench/parsers.py measures it). The
+cap is also the cache key, so unique endings past it cannot defeat the caches.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+
 import ua_parser
-from crawlerdetect import CrawlerDetect
+from crawlerdetect.providers.crawlers import data as CRAWLER_PATTERNS
+from crawlerdetect.providers.exclusions import data as EXCLUSION_PATTERNS
 from ua_parser import Domain
 
 from enrichment.memo import Memo
 
 CACHE_ENTRIES = 10_000
+UA_ANALYSED_CHARS = 512
 DESKTOP, MOBILE, TABLET = "desktop", "mobile", "tablet"
 _MOBILE_OS = frozenset({"iOS", "Windows Phone", "BlackBerry OS", "KaiOS", "Firefox OS"})
+
+
+# A leading "[...]*" lets an alternative start anywhere in a run of those characters, and
+# Python's re then tries every start: crawlerdetect's "[a-z0-9\-_]*(bot|crawl|...)" costs
+# time quadratic in the length of a run of letters (4 s for 8,000). Whether the
+# alternation matches somewhere does not change without it, as "[...]*" may match nothing.
+_LEADING_STAR_CLASS = re.compile(r"^\[(?:\\.|[^\]\\])*\]\*")
+
+
+def _compile(patterns: list[str], linear: bool) -> re.Pattern:
+    if linear:
+        patterns = [_LEADING_STAR_CLASS.sub("", pattern) for pattern in patterns]
+    return re.compile("(" + "|".join(patterns) + ")", re.IGNORECASE)
+
+
+@functools.cache
+def _expressions() -> tuple[re.Pattern, re.Pattern]:
+    """(crawlers, exclusions), compiled on first use (about 150 ms), not at import."""
+    # Exclusions go through sub(), where what an alternative removes matters: kept as is.
+    return _compile(CRAWLER_PATTERNS, linear=True), _compile(EXCLUSION_PATTERNS, linear=False)
+
+
+def looks_automated(ua: str) -> bool:
+    """crawlerdetect's CrawlerDetect().is_crawler(ua), in time linear in the length."""
+    ua = ua.strip()
+    if not ua:
+        return False
+    crawlers, exclusions = _expressions()
+    agent = exclusions.sub("", ua)
+    return bool(agent) and crawlers.search(agent) is not None
 
 
 class BotFilter:
     """Does a user agent look automated (crawler, headless browser, HTTP library, CLI)?"""
 
     def __init__(self, max_entries: int = CACHE_ENTRIES):
-        self._verdicts = Memo(CrawlerDetect().is_crawler, max_entries)
+        self._verdicts = Memo(looks_automated, max_entries)
 
     def is_bot(self, ua: str) -> bool:
-        return self._verdicts[ua]
+        return self._verdicts[ua[:UA_ANALYSED_CHARS]]
 
 
 class AgentParser:
@@ -34,7 +74,7 @@ class AgentParser:
         self._parsed = Memo(describe_agent, max_entries)
 
     def describe(self, ua: str) -> tuple[str | None, str | None, str]:
-        return self._parsed[ua]
+        return self._parsed[ua[:UA_ANALYSED_CHARS]]
 
 
 def describe_agent(ua: str) -> tuple[str | None, str | None, str]:
@@ -63,5 +103,5 @@ def _known(family: str | None) -> str | None:
 
 def warm_up() -> None:
     """Compile the detectors' expressions now rather than in a request (~150 ms)."""
-    CrawlerDetect().is_crawler("Mozilla/5.0 (warm-up)")
+    looks_automated("Mozilla/5.0 (warm-up)")
     describe_agent("Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0")

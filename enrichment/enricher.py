@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sqlite3
 from collections.abc import Callable
 
@@ -14,6 +15,13 @@ from enrichment.visitor import VisitorSalts, hashed_visitor_id, visitor_hasher
 from ingest.queue import Accepted
 from storage.db import Database
 from storage.events import EventBatch
+
+
+def country_of(ip_packed: bytes) -> str | None:
+    """The country of an address in its one spelling: ::ffff:1.2.3.4 arrives packed as the
+    4 bytes of 1.2.3.4 (validation.event.pack_ip), so it gets 1.2.3.4's country."""
+    family = socket.AF_INET if len(ip_packed) == 4 else socket.AF_INET6
+    return iptocc.country_code(socket.inet_ntop(family, ip_packed))
 
 
 class Enricher:
@@ -61,7 +69,7 @@ class Enricher:
                     if hasher is None:
                         hasher = self._hasher(conn, unit.day, site_id)
                     visitor = hashed_visitor_id(hasher, ip_packed, ua)
-                country = iptocc.country_code(event.ip) if event.ip is not None else None
+                country = country_of(ip_packed) if ip_packed is not None else None
                 referrer = event.referrer
                 url = event.url
                 rows.append([

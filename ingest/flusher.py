@@ -4,7 +4,9 @@ Every TALLY_FLUSH_INTERVAL seconds (sooner when half the queue is waiting, or wh
 asked), it swaps the waiting units out under the queue's lock, enriches them and writes
 them with its own connection: one executemany in one transaction, through
 `write(conn, batch)`. When the database is locked, full or failing it keeps the batch
-and retries with backoff; the queue then fills and requests get 503. `stop()` closes the
+and retries with backoff; the queue then fills and requests get 503. Any other failure
+is the data's: the batch is split until the failing events are found and set aside in
+dead_letters, and everything else is stored. `stop()` closes the
 queue (later offers are refused), wakes the thread for a final flush and joins it.
 """
 
@@ -20,8 +22,10 @@ from collections.abc import Callable
 import metrics
 from enrichment.enricher import Enricher
 from ingest.queue import Accepted, EventQueue
-from storage.db import Database, StorageBusy
+from storage import deadletters
+from storage.db import Database, StorageBusy, StorageError, is_transient_failure
 from storage.events import EventBatch, write_batch
+from vocabulary import IDENTIFY
 
 log = logging.getLogger("tally")
 
@@ -38,6 +42,7 @@ class Flusher:
         write: Callable[[sqlite3.Connection, EventBatch], None] = write_batch,
         busy_timeout_ms: int = 1_000,
         backoff: tuple[float, float] = (0.05, 1.0),
+        clock: Callable[[], float] = time.time,
     ):
         self.db = db
         self.queue = queue
@@ -49,6 +54,8 @@ class Flusher:
         self.backoff = backoff
         self.failures = 0  # flush attempts that failed and were retried
         self.stored_events = 0
+        self.set_aside_events = 0  # stored in dead_letters instead of events
+        self.clock = clock
         self._conn: sqlite3.Connection | None = None
         self._thread: threading.Thread | None = None
         self._pid: int | None = None
@@ -127,36 +134,83 @@ class Flusher:
                 self._conn = None
 
     def _store(self, units: list[Accepted]) -> None:
-        batch = None
+        """Store the units, retrying only what a retry can fix.
+
+        A transient failure (busy, locked, disk full, I/O) keeps everything not yet stored
+        and retries it with backoff. Any other failure splits the failing part in two
+        until it is one event, which is set aside in dead_letters with the reason: one
+        event never holds up another.
+        """
+        pending: list[tuple[list[Accepted], str | None]] = [(units, None)]  # (part, reason)
         delay, max_delay = self.backoff
         started = time.monotonic()
-        while True:
+        stored = set_aside = 0
+        while pending:
+            part, reason = pending[-1]
             try:
                 conn = self._connection()
-                if batch is None:
-                    batch = self.enricher.build(conn, units)
-                self._commit(conn, batch)
-                self.queue.stored(units)
-                self.stored_events += len(batch.rows)
-                metrics.events_flushed(len(batch.rows), time.monotonic() - started)
-                return
+                if reason is None:
+                    stored += self._write(conn, part)
+                else:
+                    self._set_aside(conn, part, reason)
+                    set_aside += 1
+                pending.pop()
+                self.queue.stored(part)
+                continue
             except Exception as exc:
                 self.failures += 1
-                held = sum(len(unit.events) for unit in units)
-                if not isinstance(exc, (StorageBusy, sqlite3.OperationalError)):
-                    self._drop_connection()
-                if self._give_up_at is not None and time.monotonic() >= self._give_up_at:
-                    log.error("shutting down: %d accepted events could not be stored: %s",
-                              held, exc)
-                    self.queue.stored(units)
-                    return
-                log.warning("storing %d events failed (%s: %s); keeping them, retry in %.2f s",
-                            held, type(exc).__name__, exc, delay)
-                pause = delay
-                if self._give_up_at is not None:
-                    pause = min(pause, max(0.0, self._give_up_at - time.monotonic()))
-                time.sleep(pause)
-                delay = min(delay * 2, max_delay)
+                failure = exc
+            if not isinstance(failure, (StorageBusy, sqlite3.OperationalError)):
+                self._drop_connection()
+            if reason is None and not is_transient_failure(failure):
+                pending.pop()
+                halves = _split(part)
+                if halves is None:
+                    pending.append((part, _reason(failure)))
+                else:
+                    pending += [(halves[1], None), (halves[0], None)]  # first half first
+                continue
+            # A transient failure, or even the one-row write to dead_letters failed: the
+            # database is what fails, so everything not yet stored is kept and retried
+            # whole (its events may all be storable once the database recovers).
+            rest = [unit for part, _ in pending for unit in part]
+            pending = [(rest, None)]
+            held = sum(len(unit.events) for unit in rest)
+            if self._give_up_at is not None and time.monotonic() >= self._give_up_at:
+                log.error("shutting down: %d accepted events could not be stored: %s",
+                          held, failure)
+                self.queue.stored(rest)
+                break
+            log.warning("storing %d events failed (%s: %s); keeping them, retry in %.2f s",
+                        held, type(failure).__name__, failure, delay)
+            pause = delay
+            if self._give_up_at is not None:
+                pause = min(pause, max(0.0, self._give_up_at - time.monotonic()))
+            time.sleep(pause)
+            delay = min(delay * 2, max_delay)
+        self.stored_events += stored
+        if stored:
+            metrics.events_flushed(stored, time.monotonic() - started)
+        if set_aside:
+            self.set_aside_events += set_aside
+            log.error("flush: stored %d events, set aside %d that cannot be stored"
+                      " (tally deadletter list)", stored, set_aside)
+
+    def _write(self, conn: sqlite3.Connection, units: list[Accepted]) -> int:
+        batch = self.enricher.build(conn, units)
+        self._commit(conn, batch)
+        return len(batch.rows)
+
+    def _set_aside(self, conn: sqlite3.Connection, units: list[Accepted], reason: str) -> None:
+        (unit,) = units
+        (event,) = unit.events
+        with self.db.transaction(conn):
+            deadletters.set_aside(conn, [(unit.site_id, unit.account_id, unit.month, reason,
+                                          deadletters.event_json(event))],
+                                  int(self.clock() * 1000))
+        log.error("set aside an event of site %d that cannot be stored: %s", unit.site_id, reason)
+        if self.quota is not None and unit.counted:
+            self.quota.release((unit.account_id, unit.month), unit.counted)
 
     def _commit(self, conn: sqlite3.Connection, batch: EventBatch) -> None:
         quota = self.quota
@@ -192,3 +246,24 @@ class Flusher:
                 self._conn.close()
             finally:
                 self._conn = None
+
+
+def _split(units: list[Accepted]) -> tuple[list[Accepted], list[Accepted]] | None:
+    """Two halves of a part (by units, then by the events of a lone unit); None for one event."""
+    if len(units) > 1:
+        middle = len(units) // 2
+        return units[:middle], units[middle:]
+    (unit,) = units
+    if len(unit.events) == 1:
+        return None
+    middle = len(unit.events) // 2
+    return [_sub_unit(unit, unit.events[:middle])], [_sub_unit(unit, unit.events[middle:])]
+
+
+def _sub_unit(unit: Accepted, events: list) -> Accepted:
+    return unit._replace(events=events, counted=sum(e.name != IDENTIFY for e in events))
+
+
+def _reason(exc: BaseException) -> str:
+    cause = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ else exc
+    return f"{type(cause).__name__}: {cause}"

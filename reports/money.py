@@ -54,10 +54,12 @@ def to_minor(value: Fraction | Decimal | int, currency: str) -> int:
 
 def from_minor(units: int, currency: str) -> Decimal:
     """Minor units back to a Decimal with exactly the currency's decimal places."""
-    value = Decimal(units).scaleb(-minor_unit_exponent(currency))
+    value = Decimal(units).scaleb(-minor_unit_exponent(currency), context=_EXACT)
     if iso_minor_unit_exponent(currency) is None:
-        value = Decimal(0) if units == 0 else value.normalize()
-        return value.quantize(Decimal(1)) if value == value.to_integral() else value
+        value = Decimal(0) if units == 0 else value.normalize(context=_EXACT)
+        if value == value.to_integral_value(context=_EXACT):
+            return value.quantize(Decimal(1), context=_EXACT)
+        return value
     return value
 
 
@@ -89,7 +91,8 @@ def apportion(parts: list[Fraction], total_minor: int, currency: str) -> list[De
 def _encode(value):
     if isinstance(value, Decimal):
         # A JSON number with exactly the digits of the Decimal: 12.50 stays 12.50.
-        return orjson.Fragment(format(value + 0, "f"))
+        # Adding 0 turns -0 into 0; in the exact context, never rounding.
+        return orjson.Fragment(format(_EXACT.add(value, 0), "f"))
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 

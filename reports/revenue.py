@@ -47,14 +47,16 @@ class _Totals:
         self.customers.add(row.customer_id)
 
     def figures(self, currency: str) -> dict:
-        net = self.gross - self.refunds - self.chargebacks
+        with exact_decimals():
+            net = self.gross - self.refunds - self.chargebacks
+            net_after_fees = net - self.fees
         return {
             "gross": round_money(self.gross, currency),
             "refunds": round_money(self.refunds, currency),
             "chargebacks": round_money(self.chargebacks, currency),
             "fees": round_money(self.fees, currency),
             "net": round_money(net, currency),
-            "net_after_fees": round_money(net - self.fees, currency),
+            "net_after_fees": round_money(net_after_fees, currency),
             "payments": self.payments,
             "customers": len(self.customers),
         }

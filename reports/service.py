@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 
 from reports import queries, segmented
 from reports.filters import parse_compare, parse_filters, parse_goal
+from reports.money import exact_decimals
 from reports.params import (
     check_known,
     parse_at,
@@ -104,7 +105,9 @@ def run_report(name: str, db: Database, site_id: int, params: Params, now: float
                max_delay_seconds: float = 1.0) -> dict:
     """The report's data at unix time `now`; InvalidReportParameter when a parameter is
     unknown or bad. `max_delay_seconds` (the flush interval: how late stored events can
-    be) is shown by the realtime report."""
-    if name == "realtime":
-        return _realtime(db, site_id, params, now, max_delay_seconds)
-    return REPORTS[name](db, site_id, params, now)
+    be) is shown by the realtime report. Decimal arithmetic in any report is exact or
+    raises, whatever the thread's default context (which would round at 28 digits)."""
+    with exact_decimals():
+        if name == "realtime":
+            return _realtime(db, site_id, params, now, max_delay_seconds)
+        return REPORTS[name](db, site_id, params, now)

@@ -48,6 +48,35 @@ def is_transient(exc: sqlite3.Error) -> bool:
     return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
+# Conditions of the database file or the machine, not of the data written: a retry can
+# succeed once the lock is free, the disk has room or the file is writable again.
+_TRANSIENT_CODES = frozenset({
+    sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_NOMEM,
+    sqlite3.SQLITE_PROTOCOL, sqlite3.SQLITE_NOLFS,
+})
+_TRANSIENT_WORDS = ("locked", "busy", "disk", "full", "I/O", "readonly", "read-only",
+                    "unable to open")
+
+
+def is_transient_failure(exc: BaseException) -> bool:
+    """Whether retrying the same write can succeed (busy, locked, disk full, I/O, ...).
+
+    Anything else (a constraint, a datatype, a bug in our code) fails again on retry.
+    Accepts a StorageError raised from a sqlite3.Error (Database.transaction) too.
+    """
+    if isinstance(exc, StorageBusy | OSError):
+        return True
+    error = exc if isinstance(exc, sqlite3.Error) else exc.__cause__
+    if not isinstance(error, sqlite3.Error):
+        return False
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _TRANSIENT_CODES
+    return isinstance(error, sqlite3.OperationalError) and any(
+        word in str(error) for word in _TRANSIENT_WORDS)
+
+
 class Database:
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout_ms: int = BUSY_TIMEOUT_MS):
         self.path = path

@@ -102,7 +102,7 @@ def fill_queues(server: Server, world: dict, first: int, limit: int) -> tuple[se
 
 def test_a_locked_database_answers_503_and_loses_nothing(db_path, server_factory):
     world = seed(db_path)
-    queue_max = 15
+    queue_max = 50  # the smallest queue Tally starts with: one full batch
     server = server_factory(db_path, workers=2, env={"TALLY_QUEUE_MAX": str(queue_max),
                                                      "TALLY_FLUSH_INTERVAL": "0.2"})
     assert send_event(server, world, 0)[0] == 204
@@ -146,7 +146,7 @@ def test_a_full_disk_refuses_loses_nothing_and_recovers(tmp_path):
         db = str(disk / "tally.db")
         world = seed(db)
         server = Server(db, workers=2, log_path=tmp_path / "server.log",
-                        env={"TALLY_QUEUE_MAX": "15", "TALLY_FLUSH_INTERVAL": "0.2"}).wait_ready()
+                        env={"TALLY_QUEUE_MAX": "50", "TALLY_FLUSH_INTERVAL": "0.2"}).wait_ready()
         try:
             assert send_payment(server, world, "pay_before")[0] == 200
             filler = fill(disk)

@@ -46,6 +46,16 @@ NAME_MAX_CHARS = 200
 LINK_ID_MAX_BYTES = 128  # the same bound as an event's uid, so user_id can match it
 EMAIL_MAX_CHARS = 320
 
+# Amounts, fees and subscription amounts: below 10^15 with at most 12 decimal places, so
+# every value has at most 23 digits and a sum of any realistic number of them stays exact
+# within the reports' 60 digits (reports/money.py). Beyond every real amount in every
+# ISO 4217 currency (minor units go down to 4 places; a quadrillion is far above any
+# single payment), and it keeps 1e-60 or 1e61 out of the sums.
+MONEY_LIMIT = Decimal(10) ** 15
+MONEY_MAX_PLACES = 12
+MONEY_TOO_LARGE = "must be less than 1000000000000000 (10^15)"
+MONEY_TOO_PRECISE = f"must have at most {MONEY_MAX_PLACES} decimal places"
+
 # The spec's table word for word; the rows it leaves out follow its style.
 MESSAGES = {
     "payment_id": _ID_RULE,
@@ -95,7 +105,11 @@ class InvalidPayment(PaymentInputError):
 
 
 class _Invalid(ValueError):
-    pass
+    """A field fails its check; `message` replaces the field's usual one when given."""
+
+    def __init__(self, reason: str, message: str | None = None):
+        super().__init__(reason)
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -251,8 +265,8 @@ class _Checker:
             if value is None:
                 raise _Invalid("missing")
             return check(value)
-        except ValueError:
-            self.errors[field] = MESSAGES[field]
+        except ValueError as exc:
+            self.errors[field] = getattr(exc, "message", None) or MESSAGES[field]
             return None
 
     def optional(self, field: str, value: Any, check: Callable[[Any], Any]) -> Any:
@@ -296,14 +310,23 @@ def _positive(value: Any) -> Decimal:
     amount = json_decimal(value)
     if amount <= 0:
         raise _Invalid("not positive")
-    return amount
+    return _bounded(amount)
 
 
 def _not_negative(value: Any) -> Decimal:
     amount = json_decimal(value)
     if amount < 0:
         raise _Invalid("negative")
-    return amount.copy_abs()  # -0 becomes 0, without rounding to a context
+    return _bounded(amount.copy_abs())  # -0 becomes 0, without rounding to a context
+
+
+def _bounded(amount: Decimal) -> Decimal:
+    """Within what the reports sum exactly (reports/money.py keeps 60 digits)."""
+    if amount >= MONEY_LIMIT:
+        raise _Invalid("too large", MONEY_TOO_LARGE)
+    if amount.as_tuple().exponent < -MONEY_MAX_PLACES:
+        raise _Invalid("too precise", MONEY_TOO_PRECISE)
+    return amount
 
 
 def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:

@@ -1,0 +1,162 @@
+"""A flush never retries what retrying cannot fix: a failing batch is split, everything
+storable is stored, and each event that still fails is set aside in dead_letters."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import orjson
+import pytest
+
+from quota.usage import QuotaGuard
+from storage.db import Database
+from tests.conftest import FakeClock, bearer, cli_json, rows, run_cli
+from tests.test_ingest import NOW_MS, count, make_flusher, unit
+from validation.event import parse_events
+
+FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
+
+
+@pytest.fixture
+def store(db_path):
+    db = Database(db_path)
+    with db.transaction() as conn:
+        conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
+        conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 's', 1, 0)")
+    yield db
+    db.close()
+
+
+def poison_trigger(db_path: str) -> None:
+    """A real SQLite fault that only an event titled "poison" triggers."""
+    conn = sqlite3.connect(db_path)
+    conn.execute("CREATE TRIGGER poison BEFORE INSERT ON events WHEN NEW.title = 'poison'"
+                 " BEGIN SELECT RAISE(ABORT, 'poisoned row'); END")
+    conn.commit()
+    conn.close()
+
+
+def titled(titles: list[str]):
+    events = [parse_events({"s": "site", "e": "pageview", "u": f"https://example.com/{i}",
+                            "t": title, "ip": "81.2.69.142", "ua": FIREFOX}, NOW_MS)[1][0]
+              for i, title in enumerate(titles)]
+    base = unit(1)
+    return base._replace(events=events, counted=len(events))
+
+
+def test_one_poison_event_is_set_aside_and_every_other_event_is_stored(store, db_path, caplog):
+    poison_trigger(db_path)
+    guard = QuotaGuard(store, FakeClock(NOW_MS / 1000))
+    flusher = make_flusher(store, quota=guard)
+    mixed = titled(["a", "b", "poison", "c", "d"])
+    for part in (unit(10), mixed, unit(7)):
+        guard.hold((1, "2026-09"), part.counted)
+        assert flusher.submit(part)
+    assert flusher.flush_now(timeout=20)
+    assert count(db_path) == 21  # 10 + the four good events of the mixed unit + 7
+    assert count(db_path, "SELECT events FROM monthly_usage") == 21
+    assert guard.used((1, "2026-09")) == 21  # the set-aside event no longer held
+    assert flusher.set_aside_events == 1 and flusher.queue.held == 0
+    (letter,) = rows(db_path, "SELECT * FROM dead_letters")
+    assert letter["site_id"] == 1 and letter["month"] == "2026-09"
+    assert "poisoned row" in letter["reason"] and "IntegrityError" in letter["reason"]
+    event = orjson.loads(letter["event"])
+    assert event["title"] == "poison" and event["ip"] == "(not kept)"
+    assert "81.2.69.142" not in letter["event"]
+    assert "stored 21 events, set aside 1" in caplog.text
+
+    # Later events are stored as before: nothing stays stuck.
+    assert flusher.submit(unit(3)) and flusher.flush_now(timeout=20)
+    assert count(db_path) == 24
+    flusher.stop(timeout=5)
+
+    check = run_cli("check", "--json", db=db_path)
+    assert check.returncode == 0 and orjson.loads(check.stdout)["dead_letters"] == 1
+    assert "dead letters: 1 accepted events" in run_cli("check", db=db_path).stdout
+    listed = cli_json("deadletter", "list", db=db_path)
+    assert listed["total"] == 1
+    assert listed["dead_letters"][0]["event"]["url"] == "https://example.com/2"
+
+
+def test_a_bug_in_enrichment_for_one_event_sets_only_that_event_aside(store, db_path,
+                                                                       monkeypatch):
+    flusher = make_flusher(store)
+    original = flusher.enricher.build
+
+    def build(conn, units):
+        if any(e.title == "crash" for u in units for e in u.events):
+            raise KeyError("parser bug")
+        return original(conn, units)
+
+    monkeypatch.setattr(flusher.enricher, "build", build)
+    assert flusher.submit(titled(["x", "crash", "y", "z"])) and flusher.submit(unit(4))
+    assert flusher.flush_now(timeout=20)
+    assert count(db_path) == 7
+    (letter,) = rows(db_path, "SELECT reason, event FROM dead_letters")
+    assert letter["reason"] == "KeyError: 'parser bug'"
+    flusher.stop(timeout=5)
+
+
+def test_a_database_that_fails_for_every_write_keeps_every_event(store, db_path):
+    """When even the dead-letter write fails, the database is at fault: nothing is set aside,
+    and everything is stored once it recovers."""
+    poison_trigger(db_path)
+    conn = sqlite3.connect(db_path)
+    conn.execute("CREATE TRIGGER refuse_letters BEFORE INSERT ON dead_letters"
+                 " BEGIN SELECT RAISE(ABORT, 'no room'); END")
+    conn.commit()
+    flusher = make_flusher(store)
+    assert flusher.submit(titled(["a", "poison", "b"]))
+    assert not flusher.flush_now(timeout=0.5)
+    assert count(db_path, "SELECT count(*) FROM dead_letters") == 0
+    assert count(db_path) == 2 and flusher.queue.held == 1  # the poison event still held
+    conn.execute("DROP TRIGGER refuse_letters")
+    conn.commit()
+    conn.close()
+    assert flusher.flush_now(timeout=20)
+    assert count(db_path) == 2 and count(db_path, "SELECT count(*) FROM dead_letters") == 1
+    flusher.stop(timeout=5)
+
+
+def test_identify_with_a_nul_uid_is_stored_and_does_not_stop_storage(client, tally, site,
+                                                                     db_path):
+    """Item 1 of the issue: SQLite's length() stops at NUL, so the old CHECK refused what
+    the validator accepted and the flush retried the batch forever."""
+    headers = {**bearer(site["key"]), "Content-Type": "application/json"}
+    site_id = site["site"]["id"]
+    poison = {"s": site_id, "e": "$identify", "uid": "\u0000", "u": "https://example.com/",
+              "ip": "203.0.113.7", "ua": "Mozilla/5.0 (X11; Linux x86_64) Firefox/128.0"}
+    client.post("/api/v1/events", orjson.dumps(poison), headers=headers, status=204)
+    for i in range(5):
+        body = {"s": site_id, "e": "pageview", "u": f"https://example.com/{i}", "ua": FIREFOX}
+        client.post("/api/v1/events", orjson.dumps(body), headers=headers, status=204)
+    assert tally.flusher.flush_now(timeout=20)
+    assert count(db_path) == 6
+    assert [r["uid"] for r in rows(db_path, "SELECT uid FROM visitor_identities")] == ["\u0000"]
+    assert count(db_path, "SELECT count(*) FROM dead_letters") == 0
+
+
+def test_schema_8_databases_get_the_uid_check_in_bytes(db_path):
+    db = Database(db_path)
+    conn = db.conn()
+    conn.execute("PRAGMA legacy_alter_table = ON")
+    conn.execute("CREATE TABLE old (site_id INTEGER NOT NULL REFERENCES sites (id),"
+                 " uid TEXT NOT NULL CHECK (length(uid) BETWEEN 1 AND 128),"
+                 " visitor_id INTEGER NOT NULL, linked_at INTEGER NOT NULL,"
+                 " PRIMARY KEY (site_id, uid, visitor_id)) WITHOUT ROWID")
+    conn.execute("DROP TABLE visitor_identities")
+    conn.execute("ALTER TABLE old RENAME TO visitor_identities")
+    conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
+    conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 's', 1, 0)")
+    conn.execute("INSERT INTO visitor_identities VALUES (1, 'kept', 7, 0)")
+    conn.execute("PRAGMA user_version = 8")
+    db.close()
+
+    upgraded = Database(db_path).conn()
+    upgraded.execute("INSERT INTO visitor_identities VALUES (1, ?, 8, 0)", ("\x00x",))
+    assert upgraded.execute("SELECT uid FROM visitor_identities ORDER BY visitor_id"
+                            ).fetchall() == [("kept",), ("\x00x",)]
+    names = {r[0] for r in upgraded.execute("SELECT name FROM sqlite_master")}
+    assert {"visitor_identities_visitor", "first_touch_new_identity"} <= names
+    assert upgraded.execute("PRAGMA user_version").fetchone()[0] >= 9
+    upgraded.close()

@@ -1,0 +1,69 @@
+"""Under the real gunicorn of the default deployment: broken chunked framing, settings
+out of range at start-up."""
+
+from __future__ import annotations
+
+import socket
+
+import orjson
+import pytest
+
+from tests.conftest import Server, cli_json
+from tests.test_startup_faults import assert_refused
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    db = str(tmp_path_factory.mktemp("served") / "tally.db")
+    account = cli_json("account", "create", "--name", "H", "--plan", "scale", db=db)
+    site = cli_json("site", "create", "--account", account["id"], "--host", "example.com", db=db)
+    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
+                   "payments", db=db)["key"]
+    server = Server(db, workers=2).wait_ready()
+    yield server, site["id"], key
+    server.stop()
+
+
+def raw_request(port: int, data: bytes) -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(data)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            answer += piece
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            body += piece
+    return int(head.split(b" ")[1]), body
+
+
+@pytest.mark.parametrize("path", ["/api/v1/events", "/api/v1/payments"])
+@pytest.mark.parametrize("framing", [b"zz\r\nabc\r\n0\r\n\r\n", b"3\r\nabcXY0\r\n\r\n"])
+def test_broken_chunked_framing_is_400_invalid_input(served, path, framing):
+    """Item 4: it was a 500 with a traceback in the log."""
+    server, _, key = served
+    status, body = raw_request(server.port, (
+        f"POST {path} HTTP/1.1\r\nHost: example.com\r\nAuthorization: Bearer {key}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode() + framing)
+    assert status == 400, body
+    error = orjson.loads(body)["error"]
+    assert error == {"code": "invalid_input", "message": "invalid body: malformed chunked"
+                     " transfer encoding, or the body was cut short"}
+    assert "Traceback" not in server.log()
+
+
+def test_gunicorn_refuses_a_queue_smaller_than_a_batch(tmp_path):
+    """Item 6: TALLY_QUEUE_MAX=10 started, then every 20-event batch was 503 forever."""
+    server = Server(str(tmp_path / "tally.db"), workers=1, env={"TALLY_QUEUE_MAX": "10"})
+    log = assert_refused(server, "TALLY_QUEUE_MAX must be between 50 (the largest batch one"
+                                 " request may carry) and 1000000, not 10")
+    assert log.count("refusing to start") == 1
