@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -124,7 +125,7 @@ def test_counters_after_known_traffic_add_up_over_two_workers(tmp_path):
     full_key = cli_json("key", "create", "--site", full_site["id"], "--scope", "events", db=db)["key"]
     seed_usage(db, full["id"], 11_000, month=time.strftime("%Y-%m", time.gmtime()))
 
-    server = Served(tmp_path, db, {"TALLY_METRICS_TOKEN": TOKEN, "TALLY_QUEUE_MAX": "20",
+    server = Served(tmp_path, db, {"TALLY_METRICS_TOKEN": TOKEN, "TALLY_QUEUE_MAX": "50",
                                    "TALLY_LOG_FORMAT": "json"})
     try:
         headers = {**bearer(key), "Content-Type": "application/json"}
@@ -138,8 +139,19 @@ def test_counters_after_known_traffic_add_up_over_two_workers(tmp_path):
 
         assert [post(event()) for _ in range(10)] == [204] * 10
         assert post({"s": site["id"], "b": [event(), event(BOT), event(BOT)]}) == 204
-        # 21 events never fit a queue of 20: refused whole with 503 rate_limited.
-        assert post({"s": site["id"], "b": [event()] * 21}) == 503
+        # While another connection holds the write lock nothing is stored, so 50-event
+        # batches fill the workers' queues (50 events each: at most one batch a worker)
+        # until one is refused whole with 503 rate_limited.
+        lock = sqlite3.connect(db, isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")
+        batches = 0
+        lean = {"e": "pageview", "u": "https://m.example/"}  # 50 of them fit in 8 KiB
+        while (status := post({"s": site["id"], "b": [lean] * 50})) == 204:
+            batches += 1
+        lock.execute("ROLLBACK")
+        lock.close()
+        assert status == 503 and batches <= 2
+        accepted = 11 + 50 * batches
         full_headers = {**bearer(full_key), "Content-Type": "application/json"}
         assert post({"s": full_site["id"], "b": [event(host="q.example", site_id=full_site["id"])] * 2},
                     full_headers) == 429
@@ -154,18 +166,19 @@ def test_counters_after_known_traffic_add_up_over_two_workers(tmp_path):
             status, _, body = http("GET", server.url + "/metrics", None, bearer(TOKEN))
             assert status == 200, body
             text = body.decode()
-            if sample(text, "tally_events_total", outcome="stored") >= 11 or time.monotonic() > deadline:
+            if (sample(text, "tally_events_total", outcome="stored") >= accepted
+                    or time.monotonic() > deadline):
                 break
             time.sleep(0.3)
         events = {outcome: sample(text, "tally_events_total", outcome=outcome)
                   for outcome in ("accepted", "bot", "rate_limited", "quota_exceeded", "stored")}
-        assert events == {"accepted": 11, "bot": 2, "rate_limited": 21, "quota_exceeded": 2,
-                          "stored": 11}, text
+        assert events == {"accepted": accepted, "bot": 2, "rate_limited": 50,
+                          "quota_exceeded": 2, "stored": accepted}, text
         requests = {status: sample(text, "tally_http_requests_total", route="/api/v1/events",
                                    method="POST", status=status) for status in ("204", "503", "429")}
-        assert requests == {"204": 11, "503": 1, "429": 1}
+        assert requests == {"204": 11 + batches, "503": 1, "429": 1}
         assert sample(text, "tally_payment_upserts_total") == 2
-        assert sample(text, "tally_flush_batch_size_sum") == 11
+        assert sample(text, "tally_flush_batch_size_sum") == accepted
         assert sample(text, "tally_flush_duration_seconds_count") == sample(
             text, "tally_flush_batch_size_count") >= 1
         assert sample(text, "tally_report_duration_seconds_count",
