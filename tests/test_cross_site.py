@@ -232,6 +232,28 @@ def timeseries(world):
         assert (data["visitors"], data["pageviews"], data["sessions"]) == (0, 0, 0)
         assert get(world, f"/api/v1/stats/breakdown?by=page&{query.split('&compare')[0]}"
                    )["data"]["rows"] == []
+    # B gets a pageview of the same path from the same address: each site sees its own one,
+    # live and, days later, from the days stored per site under the same segment.
+    b = world["b"]
+    for _ in range(2):
+        resp = world["client"].post(
+            "/api/v1/events",
+            orjson.dumps(event(b["id"], "/pricing", u="https://b.example/pricing")),
+            headers=b["headers"])
+        assert resp.status_int == 204
+    assert world["tally"].flusher.flush_now()
+    day = get(world, "/api/v1/stats/aggregate")["data"]["to"]
+    query = f"from={day}&to={day}&filters=page==/pricing&goal=page:/pricing"
+    for _ in range(3):  # live, then counted and stored, then read back
+        for headers, own in ((world["a"]["headers"], 1), (b["headers"], 2)):
+            data = world["client"].get(f"/api/v1/stats/aggregate?{query}", headers=headers).json
+            assert (data["data"]["pageviews"], data["data"]["goal_events"]) == (own, own)
+            rows_ = world["client"].get(f"/api/v1/stats/timeseries?{query}&interval=hour",
+                                        headers=headers).json["data"]["rows"]
+            assert sum(r["pageviews"] for r in rows_) == own
+        world["tally"].clock.advance(3 * 86_400)
+    stored = rows(world, "SELECT site_id, count(*) FROM traffic_segment_days GROUP BY site_id")
+    assert len(stored) == 2
 
 
 def goals(world):
