@@ -10,10 +10,11 @@ cost, not instants x subscriptions.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Collection, Mapping
 from decimal import Decimal
 
 from reports.money import exact_decimals
-from reports.mrr import SubscriptionSource, SubscriptionValue, monthly_value
+from reports.mrr import SubscriptionSource, SubscriptionState, SubscriptionValue, monthly_value
 
 
 def values_at_instants(source: SubscriptionSource,
@@ -49,3 +50,26 @@ def values_at_instants(source: SubscriptionSource,
                 update(sub_id, t)
             result[t] = dict(totals)
     return result
+
+
+class CustomersOnly:
+    """A SubscriptionSource that shows only the subscriptions of the customers `keep`
+    accepts (filters on MRR select customers by first touch)."""
+
+    def __init__(self, source: SubscriptionSource, keep: Callable[[str], bool]):
+        self.source = source
+        self.keep = keep
+
+    def states_at(self, t: int,
+                  subscription_ids: Collection[str] | None = None) -> list[SubscriptionState]:
+        return [s for s in self.source.states_at(t, subscription_ids) if self.keep(s.customer_id)]
+
+    def changed_between(self, t0: int, t1: int) -> set[str]:
+        return self.source.changed_between(t0, t1)
+
+    def first_positive(self, until: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+        return self.source.first_positive(until)
+
+    @property
+    def channels(self) -> dict[str, str]:
+        return self.source.channels

@@ -8,6 +8,7 @@ functions of reports.traffic and reports.timeseries.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import date
 from itertools import zip_longest
 
 from reports.days import DIMENSIONS as STORED_DIMENSIONS
@@ -20,7 +21,10 @@ from reports.goals import (
     goal_rows,
     realtime_view,
 )
-from reports.params import DAY_MS, DateRange
+from reports.mrr import mrr_at, mrr_movements
+from reports.mrr_series import CustomersOnly
+from reports.params import DAY_MS, DateRange, end_of_day_ms
+from reports.queries import SqlSubscriptions
 from reports.revenue import revenue_by_currency
 from reports.revenue_by import ValueTraffic, paying_by_value, revenue_by_value
 from reports.revenue_queries import (
@@ -77,6 +81,9 @@ class Query:
         if self.goal:
             head["goal"] = self.goal.text()
         return head
+
+    def header_filters(self) -> dict:
+        return {"filters": ";".join(f.text() for f in self.filters)} if self.filters else {}
 
     def customer_filter(self, touches: dict | None = None) -> Callable[[str], bool] | None:
         """Which customers count on revenue figures: those whose first touch passes."""
@@ -223,3 +230,20 @@ def realtime(db: Database, site_id: int, now_ms: int, max_delay_seconds: float) 
     visitors, minutes, pages, sources = realtime_counts(
         db.conn(), site_id, now_ms - REALTIME_VISITOR_MINUTES * MINUTE_MS, since)
     return realtime_view(now_ms, visitors, minutes, pages, sources, max_delay_seconds)
+
+
+def mrr(query: Query, at: date) -> dict:
+    """MRR at the end of `at`, counting the customers whose first touch passes the filters."""
+    source = SqlSubscriptions(query.db.conn(), query.site_id)
+    keep = query.customer_filter()
+    filtered = source if keep is None else CustomersOnly(source, keep)
+    filtered.states_at(end_of_day_ms(at))  # read now (kept), so the channels are known
+    return {"at": at.isoformat(), **query.header_filters(),
+            "currencies": mrr_at(filtered, at, source.channels)}
+
+
+def movements(query: Query, period: DateRange) -> dict:
+    source = SqlSubscriptions(query.db.conn(), query.site_id)
+    keep = query.customer_filter()
+    filtered = source if keep is None else CustomersOnly(source, keep)
+    return {**query.header(period), "currencies": mrr_movements(filtered, period)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from reports import queries, segmented
+from reports import segmented
 from reports.filters import parse_compare, parse_filters, parse_goal
 from reports.money import exact_decimals
 from reports.params import (
@@ -37,13 +37,15 @@ def _revenue(db: Database, site_id: int, params: Params, now: float) -> dict:
 
 
 def _mrr(db: Database, site_id: int, params: Params, now: float) -> dict:
-    check_known(params, ("at",))
-    return queries.mrr(db.conn(), site_id, parse_at(params, utc_today(now)))
+    check_known(params, ("at", "filters"))
+    at = parse_at(params, utc_today(now))
+    return segmented.mrr(_query(db, site_id, params, now, goal=False), at)
 
 
 def _movements(db: Database, site_id: int, params: Params, now: float) -> dict:
-    check_known(params, RANGE)
-    return queries.movements(db.conn(), site_id, parse_date_range(params, utc_today(now)))
+    check_known(params, (*RANGE, "filters"))
+    period = parse_date_range(params, utc_today(now))
+    return segmented.movements(_query(db, site_id, params, now, goal=False), period)
 
 
 def _query(db: Database, site_id: int, params: Params, now: float,

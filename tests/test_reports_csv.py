@@ -89,7 +89,7 @@ def test_format_is_checked(evil):
     body = evil.get("/api/v1/stats/breakdown?by=page&format=xml", status=400).json
     assert body["error"]["message"] == "format: must be json or csv"
     body = evil.get("/api/v1/stats/mrr?format=csv", status=400).json
-    assert body["error"]["message"] == "unknown parameter 'format'; this report takes at"
+    assert body["error"]["message"] == "unknown parameter 'format'; this report takes at, filters"
     # A report without CSV answers JSON whatever the Accept header says.
     assert evil.get_with("/api/v1/stats/aggregate", {"Accept": "text/csv"}).json["ok"]
 

@@ -294,7 +294,7 @@ def test_traffic_aggregate_and_breakdowns(api):
         ("/api/v1/stats/aggregate?from=2025-01-01&to=2026-09-21",
          "from/to: the range covers more than 366 days"),
         ("/api/v1/stats/mrr?at=2026-02-30", "at: '2026-02-30' is not a calendar date"),
-        ("/api/v1/stats/mrr?from=2026-01-01", "unknown parameter 'from'; this report takes at"),
+        ("/api/v1/stats/mrr?from=2026-01-01", "unknown parameter 'from'; this report takes at, filters"),
         ("/api/v1/stats/mrr/movements?to=tomorrow",
          "to: must be a UTC date YYYY-MM-DD, not 'tomorrow'"),
         ("/api/v1/stats/breakdown", "by: must be one of channel, source, page, entry_page, "

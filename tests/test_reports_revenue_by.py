@@ -157,3 +157,17 @@ def test_a_bad_dimension_is_400(shop):
     assert body["error"]["message"] == (
         "by: must be one of channel, source, medium, campaign, term, content, referrer, "
         "landing_page, country, device, browser, os, plan")
+
+
+def test_filters_on_mrr_and_movements_select_customers_by_first_touch(shop):
+    assert shop.data("/api/v1/stats/mrr")["currencies"]["EUR"]["mrr"] == D("100.00")
+    google = shop.data("/api/v1/stats/mrr?filters=source==Google")
+    assert google["filters"] == "source==Google"
+    assert google["currencies"]["EUR"]["by_channel"] == [
+        {"channel": "Organic Search", "mrr": D("100.00"), "subscriptions": 1, "customers": 1}]
+    assert shop.data("/api/v1/stats/mrr?filters=source==newsletter")["currencies"] == {}
+    moves = shop.data("/api/v1/stats/mrr/movements?from=2026-09-01&to=2026-09-21"
+                      "&filters=device==desktop")["currencies"]["EUR"]["months"]
+    assert [(m["new"], m["end_mrr"]) for m in moves] == [(D("100.00"), D("100.00"))]
+    assert shop.data("/api/v1/stats/mrr/movements?from=2026-09-01&to=2026-09-21"
+                     "&filters=device==mobile")["currencies"] == {}
