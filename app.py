@@ -32,6 +32,7 @@ from storage.db import Database
 from storage.directory import Directory
 from storage.payments import PaymentStore
 from storage.stripe import StripeStore
+from tasks import Task, Tasks
 
 
 class Health:
@@ -92,6 +93,12 @@ class Tally:
         self.dashboard = Dashboard(config=config, db=db, directory=self.directory, clock=clock,
                                    random_bytes=random_bytes)
         self.dashboard.add_routes(self.wsgi)
+        # Every background duty of a worker, besides the events flush.
+        self.tasks = Tasks([
+            Task("prune visitor salts older than yesterday", every=60.0,
+                 run=lambda: self.flusher.enricher.prune(db.conn())),
+        ])
+        self.services.append(self.tasks)
 
     def __call__(self, environ, start_response):
         return self.wsgi(environ, start_response)

@@ -8,6 +8,7 @@ the flush thread stores them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import falcon
 
@@ -21,9 +22,9 @@ from enrichment.browser_ids import BrowserIds, BrowserVisitors
 from enrichment.enricher import Enricher
 from enrichment.visitor import utc_day
 from ingest.flusher import Flusher
+from ingest.pipeline import write_batch
 from ingest.queue import Accepted, EventQueue
 from quota.usage import QuotaGuard, UtcMonths, counted_events, seconds_until_next_month
-from storage.events import VISITOR_ID, write_batch
 from validation.event import MAX_BODY_BYTES, InvalidEvent, parse_events
 
 MAX_SITE_ID_LENGTH = 64
@@ -106,14 +107,11 @@ def build_events(config, db, auth: Authenticator, directory, clock: Callable[[],
                  random_bytes: Callable[[int], bytes]) -> EventsResource:
     """The resource with its queue, flush thread (`.flusher`, not started) and quota guard."""
     quota = QuotaGuard(db, clock, ttl=config.cache_ttl, max_entries=config.cache_entries)
-    browser_visitors = BrowserVisitors(BrowserIds(db, clock, random_bytes), VISITOR_ID)
-
-    def write(conn, batch):
-        browser_visitors.apply(conn, batch)  # browser ids first: sessions follow visitors
-        write_batch(conn, batch)
-
-    flusher = Flusher(db, EventQueue(config.queue_max), Enricher(db, clock, random_bytes),
-                      interval=config.flush_interval, quota=quota, write=write,
+    enricher = Enricher(db, clock, random_bytes, config.cache_entries)
+    browser_visitors = BrowserVisitors(BrowserIds(db, clock, random_bytes))
+    flusher = Flusher(db, EventQueue(config.queue_max), enricher,
+                      interval=config.flush_interval, quota=quota,
+                      write=partial(write_batch, browser_visitors=browser_visitors),
                       clock=clock)
     flusher.busy_timeout_ms, flusher.backoff = config.flush_busy_timeout_ms, config.flush_backoff
     sites = TTLCache(directory.find_site, clock, ttl=config.cache_ttl,

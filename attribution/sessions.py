@@ -27,11 +27,17 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
-import orjson
-
 from attribution import Touch, classify_visit
 from storage.directory import site_hosts
-from storage.sparse import SparseInsert
+from storage.sessions import (
+    add_session_counts,
+    insert_sessions,
+    link_identities,
+    link_session_visitors,
+    move_session_starts,
+    next_session_id,
+    sessions_of_visitors,
+)
 from vocabulary import IDENTIFY, PAGEVIEW, SESSION_GAP_MS, UTM_KEYS
 
 
@@ -105,39 +111,6 @@ class _Session:
         return self.started_at - SESSION_GAP_MS <= ts <= self.last_seen_at + SESSION_GAP_MS
 
 
-# Each stored session of one site linked to one of the visitor ids (a JSON array) and
-# seen within [from, to], with every visitor id it is linked to: a row per link, and a
-# session linked to two of the ids comes twice.
-_LOAD_SESSIONS = (
-    "SELECT o.id, o.started_at, o.last_seen_at, l.visitor_id"
-    " FROM json_each(?1) AS w CROSS JOIN session_visitors f CROSS JOIN sessions o"
-    " CROSS JOIN session_visitors l"
-    " WHERE f.site_id = ?2 AND f.visitor_id = w.value AND o.id = f.session_id"
-    " AND o.last_seen_at >= ?3 AND o.started_at <= ?4 AND l.session_id = o.id"
-)
-# Every column of a new session; sessions' only DEFAULTs (the counts) are never None here.
-_NEW_SESSIONS = SparseInsert("sessions", (
-    "id", "site_id", "visitor_id", "started_at", "last_seen_at", "channel", "source",
-    "referrer", "landing_page", "entry_path", *UTM_KEYS, "pageviews", "custom_events"))
-_UPDATE_COUNTS = (
-    "UPDATE sessions SET last_seen_at = max(last_seen_at, ?), pageviews = pageviews + ?,"
-    " custom_events = custom_events + ? WHERE id = ?"
-)
-_UPDATE_LANDING = (
-    "UPDATE sessions SET started_at = ?, channel = ?, source = ?, referrer = ?, landing_page = ?,"
-    " entry_path = ?, utm_source = ?, utm_medium = ?, utm_campaign = ?, utm_term = ?,"
-    " utm_content = ? WHERE id = ? AND started_at > ?"
-)
-_INSERT_SESSION_VISITOR = (
-    "INSERT INTO session_visitors (site_id, visitor_id, session_id) VALUES (?, ?, ?)"
-    " ON CONFLICT DO NOTHING"
-)
-_INSERT_IDENTITY = (
-    "INSERT INTO visitor_identities (site_id, uid, visitor_id, linked_at)"
-    " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
-
-
 class _Visits:
     """The sessions one batch can reach, by (site, visitor id), kept current in memory."""
 
@@ -154,9 +127,9 @@ class _Visits:
         by_visitor = self.by_visitor
         for site_id, (visitors, first, last) in wanted.items():
             loaded: dict[int, _Session] = {}
-            for session_id, started_at, last_seen_at, visitor in conn.execute(
-                    _LOAD_SESSIONS, (orjson.dumps(list(visitors)), site_id,
-                                     first - SESSION_GAP_MS, last + SESSION_GAP_MS)):
+            for session_id, started_at, last_seen_at, visitor in sessions_of_visitors(
+                    conn, site_id, list(visitors), first - SESSION_GAP_MS,
+                    last + SESSION_GAP_MS):
                 session = loaded.get(session_id)
                 if session is None:
                     session = loaded[session_id] = _Session(
@@ -193,8 +166,7 @@ class _Visits:
         """A new session of the visitor `key` (site, visitor id) starting at ts."""
         if self._next_id is None:
             # The ids SQLite would give, in order: the flush holds the write lock.
-            self._next_id = (self.conn.execute("SELECT max(id) FROM sessions").fetchone()[0]
-                             or 0) + 1
+            self._next_id = next_session_id(self.conn)
         session = _Session(self._next_id, key[0], key[1], ts, ts, None, landing)
         self._next_id += 1
         self.new.append(session)
@@ -214,19 +186,19 @@ class _Visits:
 
         Links go last: their trigger recomputes first touches against final sessions."""
         conn = self.conn
-        _NEW_SESSIONS.write(conn, [
+        insert_sessions(conn, [
             (s.id, s.site_id, s.visitor_id, s.started_at, s.last_seen_at, s.landing.channel,
              s.landing.source, s.landing.referrer, s.landing.landing_page,
              s.landing.entry_path, *s.landing.utm, s.pageviews, s.custom_events)
             for s in self.new])
         stored = [s for s in touched if s.stored_start is not None]
-        conn.executemany(_UPDATE_LANDING, [
+        move_session_starts(conn, [
             (s.started_at, s.landing.channel, s.landing.source, s.landing.referrer,
              s.landing.landing_page, s.landing.entry_path, *s.landing.utm, s.id, s.started_at)
             for s in stored if s.landing is not None and s.started_at < s.stored_start])
-        conn.executemany(_UPDATE_COUNTS, [
+        add_session_counts(conn, [
             (s.last_seen_at, s.pageviews, s.custom_events, s.id) for s in stored])
-        conn.executemany(_INSERT_SESSION_VISITOR, self.links)
+        link_session_visitors(conn, self.links)
 
 
 class SessionWriter:
@@ -327,7 +299,7 @@ class SessionWriter:
             if hit.previous_visitor_id and visits.find(hit.site_id, None,
                                                        hit.previous_visitor_id, hit.ts):
                 rows.append((hit.site_id, hit.uid, hit.previous_visitor_id, hit.ts))
-        conn.executemany(_INSERT_IDENTITY, rows)
+        link_identities(conn, rows)
 
 
 def hosts_of_site(conn: sqlite3.Connection, site_id: int) -> frozenset[str]:

@@ -4,10 +4,10 @@
                                          [--only random cycled repeated]
 
 Builds accepted 50-event units the way the events endpoint queues them, then stores them
-the way the flush thread does: `Enricher.build` then `write_batch` inside one
+the way the flush thread does (ingest/pipeline.py): `enrich`, then `write_batch` inside one
 `Database.transaction` per flush of `--flush-units` units, on a fresh SQLite file with
 the service's pragmas. CPU is this thread's (time.thread_time: Python and SQLite alike,
-not the fsync wait). The sessions step is timed by wrapping storage.events'
+not the fsync wait). The sessions step is timed by wrapping ingest.pipeline's
 assign_sessions; "insert" is the rest of write_batch (the events' INSERT, usage).
 
 Visitor mixes (each event's ip + ua decides its visitor):
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import orjson
 
-import storage.events
+import ingest.pipeline as pipeline
 from bench.bodies import BATCH_SIZE, LEAN_USER_AGENTS, SITE_HOSTS, _public_ipv4, batch_bodies
 from enrichment.enricher import Enricher
 from enrichment.visitor import utc_day
@@ -97,7 +97,7 @@ def run(folder: Path, mix: str, events: int, flush_units: int) -> dict:
     enricher.warm_up()
     conn = db.connect()
     spent = {"enrich": 0.0, "sessions": 0.0, "insert": 0.0, "commit": 0.0}
-    assign = storage.events.assign_sessions
+    assign = pipeline.assign_sessions
 
     def timed_assign(*args):
         started = time.thread_time()
@@ -106,16 +106,16 @@ def run(folder: Path, mix: str, events: int, flush_units: int) -> dict:
         finally:
             spent["sessions"] += time.thread_time() - started
 
-    storage.events.assign_sessions = timed_assign
+    pipeline.assign_sessions = timed_assign
     wall = 0.0  # seconds spent storing (not making the units)
     try:
         while chunk := list(itertools.islice(units, flush_units)):
             started = time.perf_counter()
             t0 = time.thread_time()
-            batch = enricher.build(conn, chunk)
+            batch = pipeline.enrich(enricher, conn, chunk)
             t1 = time.thread_time()
             with db.transaction(conn):
-                storage.events.write_batch(conn, batch)
+                pipeline.write_batch(conn, batch)
                 t2 = time.thread_time()
             t3 = time.thread_time()
             wall += time.perf_counter() - started
@@ -123,7 +123,7 @@ def run(folder: Path, mix: str, events: int, flush_units: int) -> dict:
             spent["insert"] += t2 - t1
             spent["commit"] += t3 - t2
     finally:
-        storage.events.assign_sessions = assign
+        pipeline.assign_sessions = assign
     spent["insert"] -= spent["sessions"]
     stored = conn.execute("SELECT count(*) FROM events").fetchone()[0]
     sessions = conn.execute("SELECT count(*) FROM sessions").fetchone()[0]

@@ -49,39 +49,42 @@ class BrowserVisitors:
     """The flush step that stores events under browser visitor ids; runs in the flush
     transaction before sessions are assigned (api/events.build_events wires it)."""
 
-    def __init__(self, ids: BrowserIds, visitor_column: int):
+    def __init__(self, ids: BrowserIds):
         self.ids = ids
-        self.visitor_column = visitor_column
         self._pruned_on: int | None = None
 
     def apply(self, conn: sqlite3.Connection, batch) -> None:
-        """batch: a storage.events.EventBatch (rows aligned with the units' events)."""
+        """batch: an enrichment.enricher.EventBatch (rows aligned with the units' events);
+        rows whose visitor changes are replaced in batch.rows."""
         self._prune(conn)
         pairs = [(unit, event) for unit in batch.units for event in unit.events]
-        if len(pairs) != len(batch.rows):
+        rows = batch.rows
+        if len(pairs) != len(rows):
             return
-        column = self.visitor_column
         links: dict[tuple[int, int], tuple[int, int, int]] = {}  # (site, daily) -> link
-        others: dict[int, list[list]] = {}  # site -> rows with only an ip+ua id
-        for (unit, event), row in zip(pairs, batch.rows, strict=True):
-            daily = row[column]
+        others: dict[int, list[int]] = {}  # site -> indexes of rows with only an ip+ua id
+        for index, ((unit, event), row) in enumerate(zip(pairs, rows, strict=True)):
+            daily = row.visitor_id
             if unit.browser_id is not None:
                 visitor = self.ids.visitor_id(conn, unit.site_id, unit.browser_id)
-                row[column] = visitor
+                rows[index] = row._replace(visitor_id=visitor)
                 if daily is not None:
                     seen = links.get((unit.site_id, daily))
                     if seen is None or event.ts >= seen[2]:
                         links[(unit.site_id, daily)] = (visitor, unit.day, event.ts)
             elif daily is not None:
-                others.setdefault(unit.site_id, []).append(row)
+                others.setdefault(unit.site_id, []).append(index)
         sites_linking = {site_id for site_id, _ in links}
-        for site_id, rows in others.items():
+        for site_id, indexes in others.items():
             if site_id in sites_linking or store.site_has_links(conn, site_id):
-                found = store.linked_visitors(conn, site_id, {row[column] for row in rows})
+                found = store.linked_visitors(conn, site_id,
+                                              {rows[i].visitor_id for i in indexes})
                 found.update((daily, link[0]) for (site, daily), link in links.items()
                              if site == site_id)
-                for row in rows:
-                    row[column] = found.get(row[column], row[column])
+                for i in indexes:
+                    visitor = found.get(rows[i].visitor_id)
+                    if visitor is not None:
+                        rows[i] = rows[i]._replace(visitor_id=visitor)
         store.write_links(conn, [(site_id, daily, visitor, day, seen)
                                  for (site_id, daily), (visitor, day, seen) in links.items()])
 

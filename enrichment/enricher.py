@@ -1,10 +1,17 @@
-"""Accepted units -> rows of the events table, run by the flush thread off the request path."""
+"""The enrich step of the flush: accepted units -> EventRows, off the request path.
+
+Each row gets its visitor id (today's salt), country, browser/OS/device, pathname,
+referrer host and campaign parameters. An event that may continue a visit begun the day
+before also gets its visitor id under the previous day's salt (PREVIOUS_DAY_REACH_MS).
+"""
 
 from __future__ import annotations
 
 import socket
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import iptocc
 
@@ -12,9 +19,41 @@ from enrichment.agents import AgentParser, warm_up
 from enrichment.memo import Memo
 from enrichment.urls import campaign, pathname, url_host
 from enrichment.visitor import VisitorSalts, hashed_visitor_id, visitor_hasher
-from ingest.queue import Accepted
 from storage.db import Database
-from storage.events import EventBatch
+from storage.events import EventRow
+from storage.salts import read_salt
+from validation.event import CleanEvent
+from vocabulary import DAY_MS, IDENTIFY, SESSION_GAP_MS, TS_FUTURE_MS
+
+# An event needs its visitor id under the salt of the day before its receipt day to open
+# or continue a visit only this close to the start of that day: every event stored under
+# yesterday's id was received yesterday, so its ts is at most midnight plus the clock skew
+# the endpoint accepts, and a visit continues only within the session gap. `$identify`
+# needs it always: it links its uid to yesterday's id whenever a visit of that id is
+# open, and that link brings yesterday's earlier visits into first touch.
+PREVIOUS_DAY_REACH_MS = TS_FUTURE_MS + SESSION_GAP_MS
+
+
+class Unit(Protocol):
+    """What the flush stores for one request (ingest.queue.Accepted)."""
+
+    site_id: int
+    account_id: int
+    month: str
+    day: int
+    events: Sequence[CleanEvent]
+    counted: int
+
+
+@dataclass
+class EventBatch:
+    """What the enrich step makes of the units of one flush."""
+
+    rows: list[EventRow]
+    previous_visitor_ids: list[int | None]  # each row's visitor id under the day before's salt
+    usage: dict[tuple[int, str], int]  # (account id, month) -> counted events
+    units: list = field(default_factory=list)  # the units, in memory only
+    usage_totals: dict[tuple[int, str], int] = field(default_factory=dict)  # set by the write
 
 
 def country_of(ip_packed: bytes) -> str | None:
@@ -26,11 +65,12 @@ def country_of(ip_packed: bytes) -> str | None:
 
 class Enricher:
     def __init__(self, db: Database, clock: Callable[[], float],
-                 random_bytes: Callable[[int], bytes]):
+                 random_bytes: Callable[[int], bytes], cache_entries: int = 10_000):
         self.salts = VisitorSalts(db, clock, random_bytes)
-        self.agents = AgentParser()
-        self._campaigns = Memo(campaign)  # page URLs repeat: parse each query once
-        self._referrer_hosts = Memo(url_host)
+        self.agents = AgentParser(cache_entries)
+        self._campaigns = Memo(campaign, cache_entries)  # page URLs repeat: parse each once
+        self._referrer_hosts = Memo(url_host, cache_entries)
+        self._cache_entries = cache_entries
         self._hashers: dict[tuple[int, int], object] = {}  # (day, site id) -> keyed BLAKE2b
 
     def warm_up(self) -> None:
@@ -43,19 +83,21 @@ class Enricher:
     def _hasher(self, conn: sqlite3.Connection, day: int, site_id: int):
         hasher = self._hashers.get((day, site_id))
         if hasher is None:
-            if len(self._hashers) >= 10_000:
+            if len(self._hashers) >= self._cache_entries:
                 self._hashers.clear()
             hasher = visitor_hasher(self.salts.salt(conn, day), site_id)
             self._hashers[(day, site_id)] = hasher
         return hasher
 
-    def build(self, conn: sqlite3.Connection, units: list[Accepted]) -> EventBatch:
-        rows: list[list] = []
+    def build(self, conn: sqlite3.Connection, units: list[Unit]) -> EventBatch:
+        rows: list[EventRow] = []
         usage: dict[tuple[int, str], int] = {}
+        wanted = []  # (row index, unit, event) that need yesterday's visitor id
         describe = self.agents.describe
         campaigns, referrer_hosts = self._campaigns, self._referrer_hosts
         for unit in units:
-            site_id = unit.site_id
+            site_id, day = unit.site_id, unit.day
+            reach = day * DAY_MS + PREVIOUS_DAY_REACH_MS
             hasher = None
             for event in unit.events:
                 ua, ip_packed = event.ua, event.ip_packed
@@ -67,19 +109,41 @@ class Enricher:
                     visitor = None
                 else:
                     if hasher is None:
-                        hasher = self._hasher(conn, unit.day, site_id)
+                        hasher = self._hasher(conn, day, site_id)
                     visitor = hashed_visitor_id(hasher, ip_packed, ua)
+                    if event.ts <= reach or event.name == IDENTIFY:
+                        wanted.append((len(rows), unit, event))
                 country = country_of(ip_packed) if ip_packed is not None else None
                 referrer = event.referrer
                 url = event.url
-                rows.append([
-                    site_id, event.ts, event.name, visitor,
-                    pathname(url, event.authority_end), url, event.host,
-                    referrer, referrer and referrer_hosts[referrer], event.title, event.width,
-                    event.language, event.uid, event.props, country, browser, os_family, device,
-                    *campaigns[url], None,
-                ])
+                rows.append(EventRow(
+                    site_id, event.ts, event.name, visitor, pathname(url, event.authority_end),
+                    url, event.host, referrer, referrer and referrer_hosts[referrer],
+                    event.title, event.width, event.language, event.uid, event.props, country,
+                    browser, os_family, device, *campaigns[url],
+                ))
             if unit.counted:
                 key = (unit.account_id, unit.month)
                 usage[key] = usage.get(key, 0) + unit.counted
-        return EventBatch(rows, usage, units)
+        previous = [None] * len(rows)
+        if wanted:
+            self._previous_visitor_ids(conn, wanted, previous)
+        return EventBatch(rows, previous, usage, units)
+
+    @staticmethod
+    def _previous_visitor_ids(conn: sqlite3.Connection, wanted: list, previous: list) -> None:
+        """Fill in yesterday's visitor ids, once every salt the units needed exists. A salt
+        not stored is never created here: no visit can have been recorded under it."""
+        salts: dict[int, bytes | None] = {}
+        hashers: dict[tuple[int, int], object] = {}  # (day, site id) -> keyed hash
+        for index, unit, event in wanted:
+            day, site_id = unit.day - 1, unit.site_id
+            hasher = hashers.get((day, site_id), False)
+            if hasher is False:
+                if day not in salts:
+                    salts[day] = read_salt(conn, day)
+                salt = salts[day]
+                hasher = hashers[(day, site_id)] = (None if salt is None
+                                                    else visitor_hasher(salt, site_id))
+            if hasher is not None:
+                previous[index] = hashed_visitor_id(hasher, event.ip_packed, event.ua)

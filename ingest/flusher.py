@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 
 import metrics
-from enrichment.enricher import Enricher
+from enrichment.enricher import Enricher, EventBatch
+from ingest.pipeline import enrich, write_batch
 from ingest.queue import Accepted, EventQueue
+from quota.usage import counted_events
 from storage import deadletters
 from storage.db import Database, StorageBusy, StorageError, is_transient_failure
-from storage.events import EventBatch, write_batch
-from vocabulary import IDENTIFY
 
 log = logging.getLogger("tally")
 
@@ -122,7 +122,6 @@ class Flusher:
                 units = self.queue.take()
                 if units:
                     self._store(units)
-                self._housekeeping()
                 with self._rounds:
                     self._completed = ticket
                     self._rounds.notify_all()
@@ -197,7 +196,7 @@ class Flusher:
                       " (tally deadletter list)", stored, set_aside)
 
     def _write(self, conn: sqlite3.Connection, units: list[Accepted]) -> int:
-        batch = self.enricher.build(conn, units)
+        batch = enrich(self.enricher, conn, units)
         self._commit(conn, batch)
         return len(batch.rows)
 
@@ -227,17 +226,9 @@ class Flusher:
         if quota is not None:
             quota.end_commit(batch.usage, batch.usage_totals)
 
-    def _housekeeping(self) -> None:
-        try:
-            self.enricher.prune(self._connection())
-        except Exception as exc:
-            log.warning("pruning old visitor salts failed (%s); will retry", exc)
-
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            conn = self.db.connect()
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")  # sql-safe: int
-            self._conn = conn
+            self._conn = self.db.connect(busy_timeout_ms=self.busy_timeout_ms)
         return self._conn
 
     def _drop_connection(self) -> None:
@@ -261,7 +252,7 @@ def _split(units: list[Accepted]) -> tuple[list[Accepted], list[Accepted]] | Non
 
 
 def _sub_unit(unit: Accepted, events: list) -> Accepted:
-    return unit._replace(events=events, counted=sum(e.name != IDENTIFY for e in events))
+    return unit._replace(events=events, counted=counted_events(events))
 
 
 def _reason(exc: BaseException) -> str:

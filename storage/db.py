@@ -86,8 +86,10 @@ class Database:
         self._schema_lock = threading.Lock()
         self._schema_pid: int | None = None
 
-    def connect(self, *, synchronous: str | None = None) -> sqlite3.Connection:
-        """A new connection in autocommit mode; transactions are explicit."""
+    def connect(self, *, synchronous: str | None = None,
+                busy_timeout_ms: int | None = None) -> sqlite3.Connection:
+        """A new connection in autocommit mode; transactions are explicit. busy_timeout_ms:
+        its own bound on waiting for the write lock, once the schema is in place."""
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
@@ -100,6 +102,8 @@ class Database:
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")  # sql-safe: an int
             self._ensure_schema(conn)
+            if busy_timeout_ms is not None:
+                conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")  # sql-safe: an int
         except sqlite3.DatabaseError:
             conn.close()
             raise

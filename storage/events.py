@@ -1,52 +1,59 @@
-"""The events table and the one function that writes a flush into it.
+"""The events table: the shape of its row (`EventRow`) and the statement that inserts rows.
 
-`write_batch(conn, batch)` runs inside the flush transaction (BEGIN IMMEDIATE ... COMMIT,
-opened by the flush thread): the events in their order, binding only the columns each
-sets (storage.sparse: an executemany per run of rows setting the same columns), then the
-monthly usage of every account in the batch, so the stored count always equals the
-events stored.
-Sessions and identity links (issue 6) are written first, in this same transaction, by
-attribution.flush.assign_sessions, which fills each row's `row[SESSION_ID]` in place.
+The flush (ingest/pipeline.py) builds EventRows, assigns their sessions, then calls
+`insert_events` inside its transaction; the events go in in their order, binding only
+the columns each sets (storage.sparse: an executemany per run of rows setting the same
+columns).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import NamedTuple
 
-from attribution.flush import assign_sessions
 from storage.sparse import SparseInsert
 
-EVENT_COLUMNS = (
-    "site_id", "ts", "name", "visitor_id", "pathname", "url", "hostname", "referrer",
-    "referrer_host", "title", "width", "language", "uid", "props", "country", "browser", "os",
-    "device", "utm_source", "utm_medium", "utm_campaign", "utm_term", "utm_content", "gclid",
-    "gbraid", "wbraid", "msclkid", "fbclid", "session_id",
-)
-SITE_ID, TS, NAME, VISITOR_ID = 0, 1, 2, 3
-UID = EVENT_COLUMNS.index("uid")
-SESSION_ID = EVENT_COLUMNS.index("session_id")
 
+class EventRow(NamedTuple):
+    """One row of the events table, in its column order, before its session is known."""
+
+    site_id: int
+    ts: int  # unix ms
+    name: str
+    visitor_id: int | None
+    pathname: str
+    url: str
+    hostname: str
+    referrer: str | None
+    referrer_host: str | None
+    title: str | None
+    width: int | None
+    language: str | None
+    uid: str | None
+    props: str | None  # compact JSON text
+    country: str | None
+    browser: str | None
+    os: str | None
+    device: str | None
+    # vocabulary.CAMPAIGN_PARAMS, in that order
+    utm_source: str | None
+    utm_medium: str | None
+    utm_campaign: str | None
+    utm_term: str | None
+    utm_content: str | None
+    gclid: str | None
+    gbraid: str | None
+    wbraid: str | None
+    msclkid: str | None
+    fbclid: str | None
+
+
+EVENT_COLUMNS = (*EventRow._fields, "session_id")
 _EVENTS = SparseInsert("events", EVENT_COLUMNS)  # columns with no DEFAULT: omitted = NULL
-ADD_USAGE = (
-    "INSERT INTO monthly_usage (account_id, month, events) VALUES (?, ?, ?)"
-    " ON CONFLICT (account_id, month) DO UPDATE SET events = events + excluded.events"
-    " RETURNING events"
-)
 
 
-@dataclass
-class EventBatch:
-    rows: list[list]  # EVENT_COLUMNS order
-    usage: dict[tuple[int, str], int]  # (account id, month) -> counted events
-    units: list = field(default_factory=list)  # the queue's Accepted units, in memory only
-    usage_totals: dict[tuple[int, str], int] = field(default_factory=dict)  # set by the write
-
-
-def write_batch(conn: sqlite3.Connection, batch: EventBatch) -> None:
-    """Store a batch; the caller holds the transaction. Fills batch.usage_totals."""
-    assign_sessions(conn, batch, EVENT_COLUMNS)  # sessions and $identify links (issue 6)
-    _EVENTS.write(conn, batch.rows)
-    for (account_id, month), events in batch.usage.items():
-        total = conn.execute(ADD_USAGE, (account_id, month, events)).fetchone()[0]
-        batch.usage_totals[(account_id, month)] = total
+def insert_events(conn: sqlite3.Connection, rows: Sequence[EventRow],
+                  session_ids: Sequence[int | None]) -> None:
+    """INSERT the rows, in order, each with its session id; the caller holds the transaction."""
+    _EVENTS.write(conn, map(tuple.__add__, rows, [(session_id,) for session_id in session_ids]))

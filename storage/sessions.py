@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+import orjson
+
+from storage.sparse import SparseInsert
 from vocabulary import UTM_KEYS
 
 _ALIAS = re.compile(r"[a-z][a-z0-9_]*")
@@ -63,3 +66,79 @@ def first_channels(conn: sqlite3.Connection, site_id: int,
         return dict(conn.execute(_FIRST_CHANNELS, (site_id,)).fetchall())
     return {customer: conn.execute(_FIRST_CHANNEL, (site_id, customer)).fetchone()[0]
             for customer in dict.fromkeys(customer_ids)}
+
+
+# The flush's writes (attribution.sessions.SessionWriter decides them, inside the flush
+# transaction) ---------------------------------------------------------------------------
+
+# Each stored session of one site linked to one of the visitor ids (a JSON array) and
+# seen within [from, to], with every visitor id it is linked to: a row per link, and a
+# session linked to two of the ids comes twice.
+_LOAD_SESSIONS = (
+    "SELECT o.id, o.started_at, o.last_seen_at, l.visitor_id"
+    " FROM json_each(?1) AS w CROSS JOIN session_visitors f CROSS JOIN sessions o"
+    " CROSS JOIN session_visitors l"
+    " WHERE f.site_id = ?2 AND f.visitor_id = w.value AND o.id = f.session_id"
+    " AND o.last_seen_at >= ?3 AND o.started_at <= ?4 AND l.session_id = o.id"
+)
+# Every column of a new session; sessions' only DEFAULTs (the counts) are never None here.
+NEW_SESSION_COLUMNS = (
+    "id", "site_id", "visitor_id", "started_at", "last_seen_at", "channel", "source",
+    "referrer", "landing_page", "entry_path", *UTM_KEYS, "pageviews", "custom_events")
+_NEW_SESSIONS = SparseInsert("sessions", NEW_SESSION_COLUMNS)
+_UPDATE_COUNTS = (
+    "UPDATE sessions SET last_seen_at = max(last_seen_at, ?), pageviews = pageviews + ?,"
+    " custom_events = custom_events + ? WHERE id = ?"
+)
+_UPDATE_LANDING = (
+    "UPDATE sessions SET started_at = ?, channel = ?, source = ?, referrer = ?, landing_page = ?,"
+    " entry_path = ?, utm_source = ?, utm_medium = ?, utm_campaign = ?, utm_term = ?,"
+    " utm_content = ? WHERE id = ? AND started_at > ?"
+)
+_INSERT_SESSION_VISITOR = (
+    "INSERT INTO session_visitors (site_id, visitor_id, session_id) VALUES (?, ?, ?)"
+    " ON CONFLICT DO NOTHING"
+)
+_INSERT_IDENTITY = (
+    "INSERT INTO visitor_identities (site_id, uid, visitor_id, linked_at)"
+    " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+
+
+def sessions_of_visitors(conn: sqlite3.Connection, site_id: int, visitor_ids: list[int],
+                         first: int, last: int) -> sqlite3.Cursor:
+    """(session id, started_at, last_seen_at, linked visitor id) of each session of the site
+    linked to one of the visitor ids and seen within [first, last]: a row per visitor id
+    the session is linked to (any of its ids, not only those asked for)."""
+    return conn.execute(_LOAD_SESSIONS, (orjson.dumps(visitor_ids), site_id, first, last))
+
+
+def next_session_id(conn: sqlite3.Connection) -> int:
+    """The id SQLite gives the next session (the caller holds the write lock)."""
+    return (conn.execute("SELECT max(id) FROM sessions").fetchone()[0] or 0) + 1
+
+
+def insert_sessions(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
+    """New sessions, each in NEW_SESSION_COLUMNS order."""
+    _NEW_SESSIONS.write(conn, rows)
+
+
+def move_session_starts(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
+    """(started_at, channel, source, referrer, landing_page, entry_path, *utm, id,
+    started_at) each: an earlier first event gives a stored session its landing."""
+    conn.executemany(_UPDATE_LANDING, rows)
+
+
+def add_session_counts(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
+    """(last seen at, pageviews, custom events, id) each, added to a stored session."""
+    conn.executemany(_UPDATE_COUNTS, rows)
+
+
+def link_session_visitors(conn: sqlite3.Connection, links: Iterable[Sequence]) -> None:
+    """(site id, visitor id, session id) each; the first-touch triggers follow them."""
+    conn.executemany(_INSERT_SESSION_VISITOR, links)
+
+
+def link_identities(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
+    """(site id, uid, visitor id, linked at) each, from `$identify` events."""
+    conn.executemany(_INSERT_IDENTITY, rows)

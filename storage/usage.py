@@ -25,3 +25,18 @@ def account_month(conn: sqlite3.Connection, account_public_id: str,
                   month: str) -> tuple[str, int] | None:
     """(plan, counted events) of the account in the month; None when no such account."""
     return conn.execute(_ACCOUNT_MONTH, (month, account_public_id)).fetchone()
+
+
+ADD_USAGE = (
+    "INSERT INTO monthly_usage (account_id, month, events) VALUES (?, ?, ?)"
+    " ON CONFLICT (account_id, month) DO UPDATE SET events = events + excluded.events"
+    " RETURNING events"
+)
+
+
+def add_usage(conn: sqlite3.Connection,
+              usage: dict[tuple[int, str], int]) -> dict[tuple[int, str], int]:
+    """Add counted events per (account id, month); returns each one's new total. The flush
+    calls it in the transaction that stores those events, so the two always agree."""
+    return {key: conn.execute(ADD_USAGE, (*key, events)).fetchone()[0]
+            for key, events in usage.items()}

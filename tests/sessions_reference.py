@@ -4,7 +4,7 @@ ReferenceSessionWriter looks each visitor up in the database in turn, with sever
 statements per visitor; reference_write_batch is the whole flush write of that time
 (every event hashed under yesterday's salt too, then one executemany of full rows).
 tests/test_sessions_equivalence.py runs them side by side with attribution.sessions'
-SessionWriter and storage.events.write_batch and requires the same ids and rows. Do not
+SessionWriter and ingest.pipeline.write_batch and requires the same ids and rows. Do not
 "fix" them: their behaviour is the reference.
 """
 
@@ -26,7 +26,8 @@ from attribution.sessions import (
     hosts_of_site,
 )
 from enrichment.visitor import visitor_id
-from storage.events import ADD_USAGE, EVENT_COLUMNS
+from storage.events import EVENT_COLUMNS
+from storage.usage import ADD_USAGE
 
 CLICK_ID_KEYS = ("gclid", "gbraid", "wbraid", "msclkid", "fbclid")
 INSERT_EVENTS = (
@@ -205,9 +206,10 @@ def _save(conn: sqlite3.Connection, site_id: int, session: _Session) -> None:
 
 
 def reference_write_batch(conn: sqlite3.Connection, batch) -> None:
-    """storage.events.write_batch before the set-based session step."""
-    _assign_sessions(conn, batch, EVENT_COLUMNS)
-    conn.executemany(INSERT_EVENTS, batch.rows)
+    """The flush write before the set-based session step (on rows in EVENT_COLUMNS order)."""
+    rows = [[*row, None] for row in batch.rows]  # EventRow and its session id
+    _assign_sessions(conn, rows, batch, EVENT_COLUMNS)
+    conn.executemany(INSERT_EVENTS, rows)
     for (account_id, month), events in batch.usage.items():
         total = conn.execute(ADD_USAGE, (account_id, month, events)).fetchone()[0]
         batch.usage_totals[(account_id, month)] = total
@@ -216,13 +218,14 @@ def reference_write_batch(conn: sqlite3.Connection, batch) -> None:
 _writer = ReferenceSessionWriter(hosts_of_site)
 
 
-def _assign_sessions(conn: sqlite3.Connection, batch, columns: Sequence[str]) -> None:
-    if not batch.rows:
+def _assign_sessions(conn: sqlite3.Connection, rows: list[list], batch,
+                     columns: Sequence[str]) -> None:
+    if not rows:
         return
     at = {name: index for index, name in enumerate(columns)}
-    previous = _previous_visitor_ids(conn, batch)
+    previous = _previous_visitor_ids(conn, rows, batch)
     hits = []
-    for row, previous_visitor in zip(batch.rows, previous, strict=True):
+    for row, previous_visitor in zip(rows, previous, strict=True):
         hits.append(Hit(
             site_id=row[at["site_id"]],
             visitor_id=row[at["visitor_id"]],
@@ -238,14 +241,15 @@ def _assign_sessions(conn: sqlite3.Connection, batch, columns: Sequence[str]) ->
             previous_visitor_id=previous_visitor,
         ))
     session_column = at["session_id"]
-    for row, session_id in zip(batch.rows, _writer.record(conn, hits), strict=True):
+    for row, session_id in zip(rows, _writer.record(conn, hits), strict=True):
         row[session_column] = session_id
 
 
-def _previous_visitor_ids(conn: sqlite3.Connection, batch) -> list[int | None]:
+def _previous_visitor_ids(conn: sqlite3.Connection, rows: list[list],
+                          batch) -> list[int | None]:
     events = [(unit, event) for unit in batch.units for event in unit.events]
-    if len(events) != len(batch.rows):
-        return [None] * len(batch.rows)
+    if len(events) != len(rows):
+        return [None] * len(rows)
     salts: dict[int, bytes | None] = {}
     previous = []
     for unit, event in events:

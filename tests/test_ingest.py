@@ -13,10 +13,10 @@ from app import create_app
 from config import Config
 from enrichment.enricher import Enricher
 from ingest.flusher import Flusher
+from ingest.pipeline import write_batch
 from ingest.queue import Accepted, EventQueue
 from quota.usage import QuotaGuard
 from storage.db import Database
-from storage.events import write_batch
 from tests.conftest import FakeClock, bearer, cli_json, counting_bytes, http
 from validation.event import parse_events
 

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("api",),  # HTTP resources
     ("integrations",),  # endpoints for other services' webhooks (Stripe)
     ("dashboard",),  # server-rendered pages: sign-in, a user's sites, settings, shared links
+    ("tasks",),  # the list of background duties and the thread that runs them
     ("app",),  # wiring: the WSGI application and its background services
     ("serving",),  # `tally serve`, its logger and the metrics folder of a server
     ("gunicorn.conf",),  # the server's hooks around the application
@@ -45,15 +46,8 @@ SQL_MODULES = {"reports/queries.py", "reports/days.py", "reports/segment_queries
 
 # Imports that still run up the layers, to be removed (the test fails when one is gone,
 # so this list only shrinks).
-KNOWN_UPWARD = {
-    ("storage.events", "attribution.flush"),
-    ("enrichment.enricher", "ingest.queue"),
-}
-KNOWN_SQL_OUTSIDE_STORAGE = {
-    "attribution/flush.py",
-    "attribution/sessions.py",
-    "ingest/flusher.py",
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
+KNOWN_SQL_OUTSIDE_STORAGE: set[str] = set()
 
 
 def source_files():
@@ -132,11 +126,14 @@ def test_storage_imports_nothing_above_it():
 
 
 def sql_texts(path: Path) -> list[int]:
-    """Lines of string literals that look like SQL."""
+    """Lines of string literals that look like SQL (docstrings and comments aside)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
     return [node.lineno for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and SQL.search(node.value)]
+            and id(node) not in docstrings and SQL.search(node.value)]
 
 
 def test_sql_is_written_only_in_storage_and_the_report_queries():

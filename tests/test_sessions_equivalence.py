@@ -31,9 +31,9 @@ from attribution.sessions import Hit, SessionWriter, hosts_of_site
 from enrichment.enricher import Enricher
 from enrichment.urls import campaign, pathname, url_host
 from enrichment.visitor import utc_day
+from ingest.pipeline import write_batch
 from ingest.queue import Accepted
 from storage.db import Database, schema
-from storage.events import write_batch
 from tests.conftest import FakeClock, counting_bytes
 from tests.sessions_reference import ReferenceSessionWriter, reference_write_batch
 from validation.event import IDENTIFY, parse_events

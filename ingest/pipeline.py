@@ -1,0 +1,42 @@
+"""The events flush as one pipeline of named steps, each with a typed input:
+
+    units: list[Accepted]                              (ingest.queue, one per request)
+      enrich           -> EventBatch: rows: list[EventRow], yesterday's visitor ids, usage
+                                                        (enrichment.enricher, before the transaction)
+      browser visitors -> rows of script events (and their ip+ua's other events) under the
+                          browser's visitor id      (enrichment.browser_ids)
+      assign_sessions  -> one session id per row        (attribution.flush; writes sessions,
+                                                         visitor links, $identify links)
+      insert_events    -> the events table              (storage.events)
+      add_usage        -> monthly_usage totals          (storage.usage; the flusher hands them
+                                                         to quota.usage.QuotaGuard after COMMIT)
+
+The flush thread (ingest/flusher.py) runs `enrich`, then `write_batch` inside one
+BEGIN IMMEDIATE ... COMMIT, so the events, their sessions and the usage they count are
+stored together or not at all.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from attribution.flush import assign_sessions
+from enrichment.browser_ids import BrowserVisitors
+from enrichment.enricher import Enricher, EventBatch
+from ingest.queue import Accepted
+from storage.events import insert_events
+from storage.usage import add_usage
+
+
+def enrich(enricher: Enricher, conn: sqlite3.Connection, units: list[Accepted]) -> EventBatch:
+    return enricher.build(conn, units)
+
+
+def write_batch(conn: sqlite3.Connection, batch: EventBatch,
+                browser_visitors: BrowserVisitors | None = None) -> None:
+    """The steps after enrich, in the caller's transaction; fills batch.usage_totals."""
+    if browser_visitors is not None:
+        browser_visitors.apply(conn, batch)  # before sessions: they follow visitors
+    session_ids = assign_sessions(conn, batch.rows, batch.previous_visitor_ids)
+    insert_events(conn, batch.rows, session_ids)
+    batch.usage_totals.update(add_usage(conn, batch.usage))
