@@ -20,7 +20,7 @@ from enrichment.memo import Memo
 from enrichment.urls import campaign, pathname, url_host
 from enrichment.visitor import VisitorSalts, hashed_visitor_id, visitor_hasher
 from storage.db import Database
-from storage.events import EventRow
+from storage.events import EventRow, new_event_row
 from storage.salts import read_salt
 from validation.event import CleanEvent
 from vocabulary import DAY_MS, IDENTIFY, SESSION_GAP_MS, TS_FUTURE_MS
@@ -116,12 +116,12 @@ class Enricher:
                 country = country_of(ip_packed) if ip_packed is not None else None
                 referrer = event.referrer
                 url = event.url
-                rows.append(EventRow(
+                rows.append(new_event_row((  # EventRow's fields, in order
                     site_id, event.ts, event.name, visitor, pathname(url, event.authority_end),
                     url, event.host, referrer, referrer and referrer_hosts[referrer],
                     event.title, event.width, event.language, event.uid, event.props, country,
                     browser, os_family, device, *campaigns[url],
-                ))
+                )))
             if unit.counted:
                 key = (unit.account_id, unit.month)
                 usage[key] = usage.get(key, 0) + unit.counted

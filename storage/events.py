@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from functools import partial
 from typing import NamedTuple
 
 from storage.sparse import SparseInsert
@@ -48,6 +49,10 @@ class EventRow(NamedTuple):
     msclkid: str | None
     fbclid: str | None
 
+
+# EventRow(*values) runs NamedTuple's generated __new__ in Python; the enrich step makes a
+# row per event, so it builds each from the tuple of all its values in one C call.
+new_event_row = partial(tuple.__new__, EventRow)
 
 EVENT_COLUMNS = (*EventRow._fields, "session_id")
 _EVENTS = SparseInsert("events", EVENT_COLUMNS)  # columns with no DEFAULT: omitted = NULL
