@@ -1,0 +1,78 @@
+"""The events flush's named steps: typed rows that match the table, each step's output."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from enrichment.enricher import Enricher
+from ingest import pipeline
+from ingest.queue import Accepted
+from storage.db import Database
+from storage.events import EVENT_COLUMNS, EventRow
+from tests.conftest import FakeClock, counting_bytes
+from validation.event import parse_events
+from vocabulary import IDENTIFY
+
+NOW_MS = 1_790_000_000_000
+
+
+@pytest.fixture
+def db(tmp_path):
+    database = Database(str(tmp_path / "p.db"))
+    conn = database.conn()
+    conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
+    conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 's', 1, 0)")
+    conn.execute("INSERT INTO site_hosts (site_id, host) VALUES (1, 'example.com')")
+    yield database
+    database.close()
+
+
+def unit(*elements: dict) -> Accepted:
+    events = parse_events({"s": "s", "b": list(elements)}, NOW_MS)[1]
+    counted = sum(1 for event in events if event.name != IDENTIFY)
+    return Accepted(1, 1, "2026-09", NOW_MS // 86_400_000, events, counted)
+
+
+def test_an_event_row_has_the_columns_of_the_events_table(db):
+    columns = [row[1] for row in db.conn().execute("PRAGMA table_info(events)")]
+    assert columns == ["id", *EVENT_COLUMNS]
+    assert EVENT_COLUMNS == (*EventRow._fields, "session_id")
+
+
+def test_each_step_hands_the_next_its_typed_input(db):
+    enricher = Enricher(db, FakeClock(NOW_MS / 1000), counting_bytes())
+    who = {"ip": "81.2.69.142", "ua": "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Firefox/128.0"}
+    conn = db.conn()
+    batch = pipeline.enrich(enricher, conn, [unit(
+        {"e": "pageview", "u": "https://example.com/a?utm_source=news&gclid=x",
+         "r": "https://www.google.com/", **who},
+        {"e": IDENTIFY, "u": "https://example.com/a", "uid": "user-1", **who})])
+    first, second = batch.rows
+    assert isinstance(first, EventRow)
+    assert (first.pathname, first.referrer_host, first.utm_source, first.gclid, first.country,
+            first.browser) == ("/a", "www.google.com", "news", "x", "GB", "Firefox")
+    assert first.visitor_id == second.visitor_id is not None
+    # No salt of the day before exists, so no event has a visitor id under it.
+    assert batch.previous_visitor_ids == [None, None]
+    assert batch.usage == {(1, "2026-09"): 1}
+    with db.transaction(conn):
+        pipeline.write_batch(conn, batch)
+    stored = conn.execute("SELECT name, session_id FROM events ORDER BY id").fetchall()
+    assert stored == [("pageview", 1), (IDENTIFY, None)]
+    assert batch.usage_totals == {(1, "2026-09"): 1}
+
+
+def test_the_collector_waits_while_a_step_runs_and_only_then():
+    assert gc.isenabled()
+    with pipeline.collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with pipeline.collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
