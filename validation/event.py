@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 import orjson
 
+from vocabulary import IDENTIFY, TS_FUTURE_MS, TS_PAST_MS
+
 MAX_BODY_BYTES = 8_192
 MAX_BATCH = 50
 URL_MAX_BYTES = 2_048
@@ -25,11 +27,7 @@ LANGUAGE_MAX_BYTES = 35
 UID_MAX_BYTES = 128
 PROPS_MAX_BYTES = 2_048
 WIDTH_MAX = 32_767
-# A `ts` outside [receipt - 1 h, receipt + 1 min] is replaced by the receipt time.
-TS_PAST_MS = 3_600_000
-TS_FUTURE_MS = 60_000
-
-IDENTIFY = "$identify"
+# A `ts` outside [receipt - TS_PAST_MS, receipt + TS_FUTURE_MS] is replaced by the receipt time.
 EVENT_FIELDS = frozenset({"e", "u", "r", "t", "w", "l", "uid", "p", "ts", "ip", "ua"})
 SINGLE_FIELDS = EVENT_FIELDS | {"s"}
 BATCH_FIELDS = frozenset({"s", "b"})
