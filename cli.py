@@ -19,6 +19,7 @@ import orjson
 
 from config import Config, ConfigError
 from dashboard import passwords
+from quota.audit import usage_mismatches
 from quota.usage import account_usage, month_of
 from reports.csv_text import as_csv
 from reports.filters import COMPARISONS
@@ -260,7 +261,7 @@ def _check(args, ctx):
     if not os.path.isfile(path):
         raise CliError(f"no database at {path}")
     try:
-        report = run_checks(ctx.db.conn())
+        report = run_checks(ctx.db.conn(), usage_mismatches)
     except sqlite3.DatabaseError as exc:
         raise CliError(f"database {path} cannot be checked: {exc}") from None
     lines = [f"integrity: {'ok' if not report.integrity else '; '.join(report.integrity[:20])}",

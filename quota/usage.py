@@ -44,9 +44,12 @@ def seconds_until_next_month(now: float) -> int:
     return max(1, math.ceil(month_bounds(now)[2] - now))
 
 
+UNCOUNTED_EVENTS = frozenset({IDENTIFY})  # names of events no quota counts
+
+
 def counted_events(events: Iterable) -> int:
     """How many of the events count toward the monthly quota: all but `$identify`."""
-    return sum(1 for event in events if event.name != IDENTIFY)
+    return sum(1 for event in events if event.name not in UNCOUNTED_EVENTS)
 
 
 class UtcMonths:

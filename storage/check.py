@@ -1,24 +1,17 @@
 """`tally check`: is the database sound, and does every account's monthly usage match
-the events stored?
-
-Usage is counted in the month an event was *received*; an event stores its own `ts`,
-which the events endpoint keeps only within one hour before and one minute after the
-receipt. So an event whose ts lies within that distance of a month boundary may be
-counted in the neighbouring month. The check is therefore exact per account over all
-months, and exact per month up to those boundary events (zero on a database whose
-traffic does not straddle a month change).
+the events stored? The integrity checks and the usage readers are here; the usage
+arithmetic (which months an event may have been counted in) is quota.audit's.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from storage import deadletters
-from vocabulary import IDENTIFY, TS_FUTURE_MS, TS_PAST_MS
+import orjson
 
-UNCOUNTED_EVENTS = (IDENTIFY,)
+from storage import deadletters
 
 # Counted events per account and UTC month of ts, with the boundary events that may
 # have been received (so counted) in the month before or after.
@@ -26,10 +19,10 @@ EVENTS_BY_MONTH = """
 SELECT s.account_id,
        strftime('%Y-%m', e.ts / 1000, 'unixepoch') AS month,
        count(*),
-       sum(e.ts < (unixepoch(e.ts / 1000, 'unixepoch', 'start of month') * 1000 + ?)),
-       sum(e.ts >= (unixepoch(e.ts / 1000, 'unixepoch', 'start of month', '+1 month') * 1000 - ?))
+       sum(e.ts < (unixepoch(e.ts / 1000, 'unixepoch', 'start of month') * 1000 + ?1)),
+       sum(e.ts >= (unixepoch(e.ts / 1000, 'unixepoch', 'start of month', '+1 month') * 1000 - ?2))
   FROM events e JOIN sites s ON s.id = e.site_id
- WHERE e.name <> ?
+ WHERE e.name NOT IN (SELECT value FROM json_each(?3))
  GROUP BY s.account_id, month
 """
 USAGE = "SELECT account_id, month, events FROM monthly_usage"
@@ -65,7 +58,11 @@ class CheckReport:
         }
 
 
-def run_checks(conn: sqlite3.Connection) -> CheckReport:
+UsageCheck = Callable[[sqlite3.Connection], tuple[list[dict], int]]
+
+
+def run_checks(conn: sqlite3.Connection, usage_mismatches: UsageCheck) -> CheckReport:
+    """usage_mismatches: quota.audit.usage_mismatches (mismatches, account-months checked)."""
     report = CheckReport()
     rows = [r[0] for r in conn.execute("PRAGMA integrity_check")]
     report.integrity = [] if rows == ["ok"] else rows
@@ -79,46 +76,23 @@ def run_checks(conn: sqlite3.Connection) -> CheckReport:
     return report
 
 
-def usage_mismatches(conn: sqlite3.Connection) -> tuple[list[dict], int]:
-    stored: dict[tuple[int, str], int] = {}
-    may_leave_early: dict[tuple[int, str], int] = {}  # could be counted in the month before
-    may_leave_late: dict[tuple[int, str], int] = {}  # could be counted in the month after
-    for account, month, count, early, late in conn.execute(
-        EVENTS_BY_MONTH, (TS_FUTURE_MS, TS_PAST_MS, *UNCOUNTED_EVENTS)
-    ):
-        stored[(account, month)] = count
-        may_leave_early[(account, month)] = early
-        may_leave_late[(account, month)] = late
+def events_by_month(conn: sqlite3.Connection, uncounted: Iterable[str], early_ms: int,
+                    late_ms: int) -> Iterator[tuple[int, str, int, int, int]]:
+    """(account id, "YYYY-MM" of ts, events, those within early_ms after the month's start,
+    those within late_ms before its end) over the events whose name is not uncounted."""
+    return conn.execute(EVENTS_BY_MONTH, (early_ms, late_ms, orjson.dumps(list(uncounted))))
+
+
+def deleted_by_month(conn: sqlite3.Connection) -> list[tuple[int, str, int, int, int]]:
+    """The same counts for events deleted by `tally prune` (deleted_events), if any."""
     if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'deleted_events'").fetchone():
-        for account, month, count, early, late in conn.execute(DELETED):
-            key = (account, month)
-            stored[key] = stored.get(key, 0) + count
-            may_leave_early[key] = may_leave_early.get(key, 0) + early
-            may_leave_late[key] = may_leave_late.get(key, 0) + late
-    usage = {(account, month): events for account, month, events in conn.execute(USAGE)}
-    names = dict(conn.execute(ACCOUNT_IDS).fetchall())
-
-    mismatches = []
-    totals_stored: dict[int, int] = defaultdict(int)
-    totals_usage: dict[int, int] = defaultdict(int)
-    for key in sorted(stored.keys() | usage.keys()):
-        account, month = key
-        events, counted = stored.get(key, 0), usage.get(key, 0)
-        totals_stored[account] += events
-        totals_usage[account] += counted
-        low = events - may_leave_early.get(key, 0) - may_leave_late.get(key, 0)
-        high = (events + may_leave_late.get((account, _shift(month, -1)), 0)
-                + may_leave_early.get((account, _shift(month, 1)), 0))
-        if not low <= counted <= high:
-            mismatches.append({"account": names.get(account, account), "month": month,
-                               "usage": counted, "events": events})
-    for account in sorted(totals_stored.keys() | totals_usage.keys()):
-        if totals_stored[account] != totals_usage[account]:
-            mismatches.append({"account": names.get(account, account), "month": "all",
-                               "usage": totals_usage[account], "events": totals_stored[account]})
-    return mismatches, len(stored.keys() | usage.keys())
+        return conn.execute(DELETED).fetchall()
+    return []
 
 
-def _shift(month: str, by: int) -> str:
-    year, number = int(month[:4]), int(month[5:7]) - 1 + by
-    return f"{year + number // 12:04d}-{number % 12 + 1:02d}"
+def usage_by_month(conn: sqlite3.Connection) -> dict[tuple[int, str], int]:
+    return {(account, month): events for account, month, events in conn.execute(USAGE)}
+
+
+def account_public_ids(conn: sqlite3.Connection) -> dict[int, str]:
+    return dict(conn.execute(ACCOUNT_IDS).fetchall())

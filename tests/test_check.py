@@ -8,7 +8,7 @@ import sqlite3
 import orjson
 import pytest
 
-from storage.check import _shift
+from quota.audit import shift_month as _shift
 from tests.conftest import cli_json, run_cli
 
 OCT_1 = calendar.timegm((2026, 10, 1, 0, 0, 0)) * 1000
