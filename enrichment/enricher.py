@@ -2,7 +2,8 @@
 
 Each row gets its visitor id (today's salt), country, browser/OS/device, pathname,
 referrer host and campaign parameters. An event that may continue a visit begun the day
-before also gets its visitor id under the previous day's salt (PREVIOUS_DAY_REACH_MS).
+before (PREVIOUS_DAY_REACH_MS) is noted, and `previous_visitor_ids` gives it its visitor id
+under the previous day's salt inside the flush transaction.
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ class EventBatch:
     """What the enrich step makes of the units of one flush."""
 
     rows: list[EventRow]
-    previous_visitor_ids: list[int | None]  # each row's visitor id under the day before's salt
     usage: dict[tuple[int, str], int]  # (account id, month) -> counted events
+    # (row index, unit, event) of the rows that need their visitor id under the salt of the
+    # day before their receipt day
+    reaching_back: list[tuple[int, Unit, CleanEvent]] = field(default_factory=list)
     units: list = field(default_factory=list)  # the units, in memory only
     usage_totals: dict[tuple[int, str], int] = field(default_factory=dict)  # set by the write
 
@@ -125,25 +128,25 @@ class Enricher:
             if unit.counted:
                 key = (unit.account_id, unit.month)
                 usage[key] = usage.get(key, 0) + unit.counted
-        previous = [None] * len(rows)
-        if wanted:
-            self._previous_visitor_ids(conn, wanted, previous)
-        return EventBatch(rows, previous, usage, units)
+        return EventBatch(rows, usage, wanted, units)
 
-    @staticmethod
-    def _previous_visitor_ids(conn: sqlite3.Connection, wanted: list, previous: list) -> None:
-        """Fill in yesterday's visitor ids, once every salt the units needed exists. A salt
-        not stored is never created here: no visit can have been recorded under it."""
-        salts: dict[int, bytes | None] = {}
-        hashers: dict[tuple[int, int], object] = {}  # (day, site id) -> keyed hash
-        for index, unit, event in wanted:
-            day, site_id = unit.day - 1, unit.site_id
-            hasher = hashers.get((day, site_id), False)
-            if hasher is False:
-                if day not in salts:
-                    salts[day] = read_salt(conn, day)
-                salt = salts[day]
-                hasher = hashers[(day, site_id)] = (None if salt is None
-                                                    else visitor_hasher(salt, site_id))
-            if hasher is not None:
-                previous[index] = hashed_visitor_id(hasher, event.ip_packed, event.ua)
+
+def previous_visitor_ids(conn: sqlite3.Connection, batch: EventBatch) -> list[int | None]:
+    """Each row's visitor id under the salt of the day before its receipt day (None where
+    not needed or that salt is gone), read in the flush transaction. A salt not stored is
+    never created here: no visit can have been recorded under it."""
+    previous: list[int | None] = [None] * len(batch.rows)
+    salts: dict[int, bytes | None] = {}
+    hashers: dict[tuple[int, int], object] = {}  # (day, site id) -> keyed hash
+    for index, unit, event in batch.reaching_back:
+        day, site_id = unit.day - 1, unit.site_id
+        hasher = hashers.get((day, site_id), False)
+        if hasher is False:
+            if day not in salts:
+                salts[day] = read_salt(conn, day)
+            salt = salts[day]
+            hasher = hashers[(day, site_id)] = (None if salt is None
+                                                else visitor_hasher(salt, site_id))
+        if hasher is not None:
+            previous[index] = hashed_visitor_id(hasher, event.ip_packed, event.ua)
+    return previous

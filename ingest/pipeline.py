@@ -1,19 +1,21 @@
 """The events flush as one pipeline of named steps, each with a typed input:
 
-    units: list[Accepted]                              (ingest.queue, one per request)
-      enrich           -> EventBatch: rows: list[EventRow], yesterday's visitor ids, usage
-                                                        (enrichment.enricher, before the transaction)
-      browser visitors -> rows of script events (and their ip+ua's other events) under the
-                          browser's visitor id      (enrichment.browser_ids)
-      assign_sessions  -> one session id per row        (attribution.flush; writes sessions,
-                                                         visitor links, $identify links)
-      insert_events    -> the events table              (storage.events)
-      add_usage        -> monthly_usage totals          (storage.usage; the flusher hands them
-                                                         to quota.usage.QuotaGuard after COMMIT)
+    units: list[Accepted]                   (ingest.queue, one per request)
+      enrich                -> EventBatch: rows: list[EventRow], usage, the rows that
+                               reach back a day       (enrichment.enricher; no transaction)
+      --- BEGIN IMMEDIATE ---
+      previous_visitor_ids  -> yesterday's visitor id per row  (enrichment.enricher)
+      browser visitors      -> script events (and their ip+ua's other events) under the
+                               browser's visitor id   (enrichment.browser_ids)
+      assign_sessions       -> a session id per row   (attribution.flush: sessions, visitor
+                                                        links, $identify links)
+      insert_events         -> events                 (storage.events)
+      add_usage             -> monthly_usage totals   (storage.usage)
+      --- COMMIT ---        then quota.usage.QuotaGuard.end_commit (ingest/flusher.py)
 
 The flush thread (ingest/flusher.py) runs `enrich`, then `write_batch` inside one
-BEGIN IMMEDIATE ... COMMIT, so the events, their sessions and the usage they count are
-stored together or not at all.
+transaction, so the events, their sessions and the usage they count are stored together
+or not at all.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from contextlib import contextmanager
 
 from attribution.flush import assign_sessions
 from enrichment.browser_ids import BrowserVisitors
-from enrichment.enricher import Enricher, EventBatch
+from enrichment.enricher import Enricher, EventBatch, previous_visitor_ids
 from ingest.queue import Accepted
 from storage.events import insert_events
 from storage.usage import add_usage
@@ -41,7 +43,8 @@ def write_batch(conn: sqlite3.Connection, batch: EventBatch,
     with collector_paused():
         if browser_visitors is not None:
             browser_visitors.apply(conn, batch)  # before sessions: they follow visitors
-        session_ids = assign_sessions(conn, batch.rows, batch.previous_visitor_ids)
+        previous = previous_visitor_ids(conn, batch)
+        session_ids = assign_sessions(conn, batch.rows, previous)
         insert_events(conn, batch.rows, session_ids)
         batch.usage_totals.update(add_usage(conn, batch.usage))
 

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from enrichment.enricher import Enricher
+from enrichment.enricher import Enricher, previous_visitor_ids
 from ingest import pipeline
 from ingest.queue import Accepted
 from storage.db import Database
@@ -54,8 +54,9 @@ def test_each_step_hands_the_next_its_typed_input(db):
     assert (first.pathname, first.referrer_host, first.utm_source, first.gclid, first.country,
             first.browser) == ("/a", "www.google.com", "news", "x", "GB", "Firefox")
     assert first.visitor_id == second.visitor_id is not None
-    # No salt of the day before exists, so no event has a visitor id under it.
-    assert batch.previous_visitor_ids == [None, None]
+    # The $identify reaches back a day, but no salt of the day before exists.
+    assert [index for index, *_ in batch.reaching_back] == [1]
+    assert previous_visitor_ids(conn, batch) == [None, None]
     assert batch.usage == {(1, "2026-09"): 1}
     with db.transaction(conn):
         pipeline.write_batch(conn, batch)
