@@ -13,14 +13,13 @@ from __future__ import annotations
 import sqlite3
 from collections import defaultdict
 
-from quota.usage import UNCOUNTED_EVENTS
 from storage.check import (
     account_public_ids,
     deleted_by_month,
     events_by_month,
     usage_by_month,
 )
-from vocabulary import TS_FUTURE_MS, TS_PAST_MS
+from vocabulary import TS_FUTURE_MS, TS_PAST_MS, UNCOUNTED_EVENTS
 
 
 def usage_mismatches(conn: sqlite3.Connection) -> tuple[list[dict], int]:

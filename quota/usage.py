@@ -19,7 +19,7 @@ from quota.plans import PLANS
 from storage.db import Database
 from storage.directory import InvalidArgument, NotFound
 from storage.usage import account_month, read_usage
-from vocabulary import IDENTIFY
+from vocabulary import UNCOUNTED_EVENTS
 
 MONTH_PATTERN = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])")
 UsageKey = tuple[int, str]  # (account id, "YYYY-MM")
@@ -42,9 +42,6 @@ def month_of(now: float) -> str:
 def seconds_until_next_month(now: float) -> int:
     """Whole seconds (rounded up) until 00:00 UTC on the first day of next month."""
     return max(1, math.ceil(month_bounds(now)[2] - now))
-
-
-UNCOUNTED_EVENTS = frozenset({IDENTIFY})  # names of events no quota counts
 
 
 def counted_events(events: Iterable) -> int:

@@ -15,9 +15,8 @@ from pathlib import Path
 import orjson
 
 from storage.browser_ids import browser_visitor_id, is_browser_id
-from storage.check import UNCOUNTED_EVENTS
 from storage.db import Database
-from vocabulary import TS_FUTURE_MS, TS_PAST_MS
+from vocabulary import TS_FUTURE_MS, TS_PAST_MS, UNCOUNTED_EVENTS
 
 BATCH = 5_000
 
