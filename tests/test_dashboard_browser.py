@@ -120,6 +120,12 @@ def test_the_dashboard_in_chromium(served, browser):
     assert Decimal(shown["revenue"]) == net == 167
     assert Decimal(shown["mrr"]) == Decimal(str(mrr["currencies"]["EUR"]["mrr"]))
     assert Decimal(shown["revenue_per_visitor"]) == (net / 6).quantize(Decimal("0.01"))
+    if driver.execute_script("return !!document.getElementById('chart-data')"):
+        assert driver.find_elements(By.CSS_SELECTOR, "#chart .uplot canvas")
+    if driver.execute_script("return !!document.getElementById('live')"):
+        realtime = api(server, world, "/api/v1/stats/realtime")
+        wait_until(driver, lambda d: d.find_element(By.ID, "live-count").text
+                   == str(realtime["visitors"]), "the live count did not load")
     assert console_errors(driver) == []
     shoot(driver, "dashboard")
 
