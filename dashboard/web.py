@@ -495,7 +495,7 @@ def _script_json(payload) -> str:
 def _revenue_rows(entry: dict | None, by: str) -> list[dict]:
     if not entry:
         return []
-    rows = entry.get(f"by_{by}") or entry.get("rows") or entry.get("by_channel") or []
+    rows = entry.get("rows") or entry.get("by_channel") or []
     return [{**row, "name": row.get(by, row.get("value", row.get("channel")))} for row in rows]
 
 
