@@ -140,8 +140,9 @@ def dashboard_figures(reports: Reports, period: Period, *, filters: str, goal: s
     if revenue:
         money["revenue"] = reports.get("revenue", current)
         money["revenue_before"] = reports.get("revenue", previous)
-        money["mrr"] = reports.get("mrr", {"at": period.end.isoformat()})
-        money["mrr_before"] = reports.get("mrr", {"at": period.previous().end.isoformat()})
+        money["mrr"] = reports.get("mrr", {"at": period.end.isoformat(), "filters": filters})
+        money["mrr_before"] = reports.get(
+            "mrr", {"at": period.previous().end.isoformat(), "filters": filters})
         currency = primary_currency(money["revenue"], money["mrr"], money["mrr_before"])
         net = _money(money["revenue"], currency, "net")
         net_before = _money(money["revenue_before"], currency, "net")
@@ -150,8 +151,9 @@ def dashboard_figures(reports: Reports, period: Period, *, filters: str, goal: s
             Stat("revenue_per_visitor", "Revenue per visitor", "money",
                  per_visitor(net, traffic.get("visitors"), currency),
                  per_visitor(net_before, traffic_before.get("visitors"), currency), currency),
-            # MRR is the site's whole recurring revenue: the MRR report takes no filters.
-            Stat("mrr", "MRR (whole site)" if filters else "MRR", "money",
+            # Where the MRR report takes no filters, it is the whole site's: say so.
+            Stat("mrr", "MRR (whole site)" if filters and "filters= on the mrr report"
+                 in reports.missing else "MRR", "money",
                  _money(money["mrr"], currency, "mrr"),
                  _money(money["mrr_before"], currency, "mrr"), currency),
         ]

@@ -334,6 +334,9 @@ def test_rows_link_to_the_page_filtered_by_them(world):
                     f"&from={filtered.html.select_one('#from')['value']}"
                     f"&to={filtered.html.select_one('#to')['value']}")
     assert int(metrics(filtered)["visitors"]) == aggregate["visitors"] == 2
+    mrr = api(world, "/api/v1/stats/mrr?filters=channel%3D%3DOrganic+Search"
+              f"&at={filtered.html.select_one('#to')['value']}")
+    assert Decimal(metrics(filtered)["mrr"]) == Decimal(str(mrr["currencies"]["EUR"]["mrr"])) == 49
 
 
 def test_a_goal_adds_the_conversion_rate(world):
