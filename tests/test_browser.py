@@ -34,6 +34,7 @@ HIDE_WEBDRIVER = ("Object.defineProperty(Navigator.prototype, 'webdriver',"
 QUEUE_STUB = ("<script>window.tally = window.tally || function () {"
               " (tally.q = tally.q || []).push(arguments) };"
               " tally('event', 'Early', {step: '1'}); tally('identify', 'early-user');</script>")
+PROXIED_PATHS = {"/t/tally.js": "/js/tally.js", "/t/collect": "/api/v1/collect"}
 BODIES = {
     "plain": "<h1>Shop</h1>",
     "buttons": ('<button id="buy" data-tally-event="Signup" data-tally-prop-plan="pro"'
@@ -62,11 +63,16 @@ class World:
         self.port = self.server.server_port
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.account = self.app.directory.create_account("Shop", "scale")
+        self.proxied_requests = 0
 
     def dispatch(self, environ, start_response):
         host = environ.get("HTTP_HOST", "").rsplit(":", 1)[0]
         if host == "tally.test":
             return self.app(environ, start_response)
+        proxied = PROXIED_PATHS.get(environ["PATH_INFO"])
+        if proxied is not None:  # the customer's own domain passing /t/ on to Tally
+            self.proxied_requests += 1
+            return self.app({**environ, "PATH_INFO": proxied}, start_response)
         if environ["PATH_INFO"] == "/away":
             body = b"<!doctype html><title>away</title><p>Another site</p>"
         else:
@@ -80,9 +86,13 @@ class World:
         name = environ["PATH_INFO"].strip("/").split("/")[0] or "plain"
         attrs = " ".join(f"data-{flag}" for flag in query.get("flags", "").split(",") if flag)
         head = QUEUE_STUB if "queue" in query else ""
+        src = f"http://tally.test:{self.port}/js/tally.js"
+        if "proxied" in query:
+            src, attrs = "/t/tally.js", attrs + ' data-api="/t/collect"'
+
         body = BODIES.get(name, BODIES["plain"]).format(port=self.port)
         return (f"<!doctype html><html><head><title>{name}</title>{head}</head><body>{body}"
-                f'<script defer src="http://tally.test:{self.port}/js/tally.js"'
+                f'<script defer src="{src}"'
                 f' data-site="{query.get("site", "")}" {attrs}></script></body></html>')
 
     def new_site(self, *hosts: str) -> dict:
@@ -320,6 +330,18 @@ def test_a_server_event_from_the_same_ip_and_ua_is_the_same_visitor(world, drive
     _, checkout = world.events(site, 2)
     assert checkout["visitor_id"] == pageview["visitor_id"] != world.daily_visitor(site)
     assert checkout["session_id"] == pageview["session_id"]
+
+
+def test_the_script_proxied_through_the_sites_own_domain(world, driver):
+    site = world.new_site()
+    before = world.proxied_requests
+    load(driver, world.url(site, "/plain", proxied="1"))
+    driver.execute_script("tally('event', 'Proxied')")
+    events = world.events(site, 2)
+    assert sorted(e["name"] for e in events) == ["Proxied", "pageview"]
+    assert world.proxied_requests - before == 3  # the script and both events went via /t/
+    cookie = driver.get_cookie("tally_vid")["value"]
+    assert {e["visitor_id"] for e in events} == {world.browser_visitor(site, cookie)}
 
 
 # When it stays silent ------------------------------------------------------------------
