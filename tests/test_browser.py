@@ -19,6 +19,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import orjson
 import pytest
 import webtest
+from selenium.webdriver.common.actions.action_builder import ActionBuilder
+from selenium.webdriver.common.actions.mouse_button import MouseButton
 
 from app import create_app
 from attribution.first_touch import rfc3339_ms
@@ -39,7 +41,8 @@ BODIES = {
     "plain": "<h1>Shop</h1>",
     "buttons": ('<button id="buy" data-tally-event="Signup" data-tally-prop-plan="pro"'
                 ' data-tally-prop-period="year"><span id="inner">Buy</span></button>'),
-    "links": '<a id="out" href="http://other.test:{port}/away">Elsewhere</a>',
+    "links": ('<a id="out" href="http://other.test:{port}/away">Elsewhere</a>'
+              '<a id="pdf" href="/files/report.pdf">Report</a>'),
 }
 
 
@@ -73,6 +76,10 @@ class World:
         if proxied is not None:  # the customer's own domain passing /t/ on to Tally
             self.proxied_requests += 1
             return self.app({**environ, "PATH_INFO": proxied}, start_response)
+        if environ["PATH_INFO"].startswith("/files/"):
+            start_response("200 OK", [("Content-Type", "application/pdf"),
+                                      ("Content-Disposition", "attachment")])
+            return [b"%PDF-1.4\n"]
         if environ["PATH_INFO"] == "/away":
             body = b"<!doctype html><title>away</title><p>Another site</p>"
         else:
@@ -252,6 +259,27 @@ def test_an_outbound_link_that_leaves_the_page_is_still_stored(world, driver):
     wait_for_url(driver, "other.test")  # the click did leave the page
     assert events[1]["name"] == "Outbound Link"
     assert props(events[1]) == {"url": f"http://other.test:{world.port}/away"}
+
+
+def test_a_middle_click_outbound_and_a_download_are_sent(world, driver):
+    site = world.new_site()
+    load(driver, world.url(site, "/links", flags="outbound,downloads"))
+    main_window = driver.current_window_handle
+    action = ActionBuilder(driver)
+    action.pointer_action.move_to(driver.find_element("id", "out"))
+    action.pointer_action.pointer_down(MouseButton.MIDDLE).pointer_up(MouseButton.MIDDLE)
+    action.perform()
+    driver.find_element("id", "pdf").click()
+    events = world.events(site, 3)
+    for handle in driver.window_handles:  # a middle click may open a tab
+        if handle != main_window:
+            driver.switch_to.window(handle)
+            driver.close()
+    driver.switch_to.window(main_window)
+    sent = {e["name"]: props(e) for e in events}
+    assert sent == {"pageview": None,
+                    "Outbound Link": {"url": f"http://other.test:{world.port}/away"},
+                    "File Download": {"url": f"http://shop.test:{world.port}/files/report.pdf"}}
 
 
 def test_identify_links_the_user_to_the_browser_visitor(world, driver):
