@@ -9,8 +9,12 @@ import sys
 
 bind = "127.0.0.1:8000"
 workers = 2
-# One sync worker per core measured fastest for this service (see README, Performance).
-worker_class = "sync"
+# Threads, so that idle or slow clients cannot hold every worker: a connection that has
+# sent nothing, or waits between keep-alive requests, sits in the worker's poller; a
+# read that waits more than serving.worker.READ_TIMEOUT seconds closes the connection.
+worker_class = "serving.worker.TallyThreadWorker"
+threads = 16
+keepalive = 5
 timeout = 30
 # SIGTERM gives each worker this long to finish its request and flush its queue.
 graceful_timeout = 30

@@ -197,6 +197,24 @@ def table_rows(doc: dict) -> list[list[str]]:
                          f"slowest {first['runs_s'][0]} s ({first['name']})"])
     elif reports is not None:
         add("reports", reports)
+    slow = s.get("slow_clients")
+    if _ok(slow):
+        rows.append([f"/healthz, {slow['idle_connections']} idle + {slow['slow_bodies']} slow-body"
+                     " clients held", "-", "-", _fmt(slow["median_ms"], 1), "-", "-", "-",
+                     f"{slow['answered_200']}/{slow['probes']} answered 200, slowest "
+                     f"{_fmt(slow['max_ms'], 1)} ms"])
+    elif slow is not None:
+        add("slow clients", slow)
+    hostile = s.get("hostile")
+    if _ok(hostile):
+        for case in hostile["cases"]:
+            rows.append([case["name"], "-", "-", "-", "-", "-", "-",
+                         f"{_fmt(case['ms_per_call'], 3)} ms CPU per call,"
+                         f" {_fmt(case['ms_per_request'], 2)} ms per request"
+                         f" ({case['calls_per_request']} calls)"
+                         + (f"; {case['note']}" if case["note"] else "")])
+    elif hostile is not None:
+        add("hostile inputs", hostile)
     return rows
 
 
@@ -221,7 +239,8 @@ def text_table(doc: dict) -> str:
 def markdown(doc: dict) -> str:
     m = doc["machine"]
     lines = [f"Measured {doc['date'][:10]} on {m['cores']} cores ({m['cpu_model']}), "
-             f"{doc['settings']['workers']} sync workers, wrk on the same cores, load average "
+             f"{doc['settings']['workers']} threaded workers (gunicorn.conf.py), wrk on the same"
+             " cores, load average "
              f"before the run {', '.join(map(str, m.get('loadavg_before', [])))}. "
              f"Raw figures: `bench/results/latest.json`.", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import orjson
 
+from bench import hostile
 from bench.bodies import (
     BATCH_SIZE,
     REFERRERS,
@@ -66,8 +67,8 @@ from bench.results import README, RESULTS, assemble, text_table, update_readme, 
 # step between the last sustained rate and the first failure then refines the answer.
 BATCH_LADDER = (10_000, 20_000, 30_000, 40_000, 50_000, 60_000, 70_000, 80_000, 100_000,
                 120_000, 150_000, 200_000)
-SCENARIOS = ("ceiling", "single", "collect", "batches", "payments", "sqlite", "flusher",
-             "reports")
+SCENARIOS = ("ceiling", "single", "collect", "batches", "payments", "slow_clients", "sqlite",
+             "flusher", "reports", "hostile")
 # What the tracking script sends to /api/v1/collect (no key; the agent is a header).
 COLLECT_HEADERS = {"User-Agent": USER_AGENTS[0], "Content-Type": "text/plain"}
 # Time bounds that keep a whole run well under ten minutes whatever the code's speed.
@@ -271,6 +272,14 @@ class Bench:
                 "transaction_rows": txn, "indexes": indexes,
                 "row_bytes": _average_row_bytes(sample_rows),
                 "what": "rows as the service stored them, executemany into a fresh database"}
+
+    def slow_clients(self) -> dict:
+        """/healthz while idle and slow-body clients hold connections (bench/hostile.py)."""
+        return hostile.slow_clients(self.start_tally().url)
+
+    def hostile(self) -> dict:
+        """The worst caller-chosen text found for each parser, cost per call and request."""
+        return hostile.parsers()
 
     def flusher(self) -> dict:
         return flusher_drain(self.folder, self.flusher_events, self)

@@ -53,12 +53,13 @@ class UtcMonths:
     """month_of() that recomputes only when `now` leaves the month it last answered for."""
 
     def __init__(self):
-        self._name, self._start, self._end = "", 0, 0
+        self._month = ("", 0, 0)  # one tuple, so request threads never see a half update
 
     def name(self, now: float) -> str:
-        if not self._start <= now < self._end:
-            self._name, self._start, self._end = month_bounds(now)
-        return self._name
+        month = self._month
+        if not month[1] <= now < month[2]:
+            month = self._month = month_bounds(now)
+        return month[0]
 
 
 class QuotaGuard:

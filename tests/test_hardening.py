@@ -326,3 +326,21 @@ def test_accepted_events_and_payments_are_stored_as_sent(storage_world, text, lo
     (saved,) = rows(db, "SELECT c.email, c.user_id, c.name FROM customers c"
                         " WHERE c.customer_id = ?", (f"c{number}",))
     assert saved == {"email": (text + "@x.test").lower(), "user_id": uid, "name": text[:200]}
+
+
+def test_bench_table_shows_slow_clients_and_hostile_inputs():
+    from bench import results
+
+    scenarios = {
+        "slow_clients": {"status": "ok", "idle_connections": 200, "slow_bodies": 20, "probes": 20,
+                         "answered_200": 20, "median_ms": 2.5, "max_ms": 11.0},
+        "hostile": {"status": "ok", "worst_ms_per_request": 78.0, "worst": "bot filter",
+                    "cases": [{"name": "bot filter, unique ua", "ms_per_call": 6.0,
+                               "calls_per_request": 13, "ms_per_request": 78.0,
+                               "note": "analyses the first 512 characters"}]},
+    }
+    table = results.text_table(results.assemble({"cores": 2, "cpu_model": "T"}, {"workers": 2},
+                                                scenarios, date="2026-11-26T00:00:00Z"))
+    assert "/healthz, 200 idle + 20 slow-body clients held" in table
+    assert "20/20 answered 200, slowest 11.0 ms" in table
+    assert "6.000 ms CPU per call, 78.00 ms per request (13 calls)" in table

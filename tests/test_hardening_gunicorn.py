@@ -26,8 +26,8 @@ def served(tmp_path_factory):
     server.stop()
 
 
-def raw_request(port: int, data: bytes) -> tuple[int, bytes]:
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+def raw_request(port: int, data: bytes, timeout: float = 30) -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(data)
         answer = b""
         while b"\r\n\r\n" not in answer:
@@ -67,3 +67,26 @@ def test_gunicorn_refuses_a_queue_smaller_than_a_batch(tmp_path):
     log = assert_refused(server, "TALLY_QUEUE_MAX must be between 50 (the largest batch one"
                                  " request may carry) and 1000000, not 10")
     assert log.count("refusing to start") == 1
+
+
+def test_healthz_answers_while_idle_and_slow_clients_hold_connections(served):
+    """Item 7: two idle TCP connections made a 2-worker service unresponsive for ~30 s."""
+    server, _, _ = served
+    held = []
+    try:
+        for _ in range(20):
+            held.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
+        for _ in range(6):  # a body that never arrives in full
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sock.sendall(b"POST /api/v1/events HTTP/1.1\r\nHost: example.com\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 4000\r\n\r\n{")
+            held.append(sock)
+        for _ in range(5):
+            # Well inside the 30 s after which gunicorn aborts a sync worker stuck on one.
+            status, body = raw_request(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                                                    b"Connection: close\r\n\r\n", timeout=10)
+            assert status == 200, body
+    finally:
+        for sock in held:
+            sock.close()
+    assert "WORKER TIMEOUT" not in server.log()
