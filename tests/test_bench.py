@@ -29,7 +29,8 @@ def test_ceiling_app_answers_post_with_204_and_no_body():
 
 def test_ceiling_gunicorn_settings_are_tallys_without_its_hooks():
     ceiling = runpy.run_path(str(REPO / "bench" / "ceiling_gunicorn.conf.py"))
-    assert ceiling["worker_class"] == "sync"
+    tally = runpy.run_path(str(REPO / "gunicorn.conf.py"))
+    assert ceiling["worker_class"] == tally["worker_class"] and ceiling["threads"] == tally["threads"]
     assert ceiling["limit_request_fields"] > 0
     assert "post_worker_init" not in ceiling and "on_starting" not in ceiling
 
