@@ -68,6 +68,11 @@ def test_zero_loss_through_503s_from_a_tiny_queue(tmp_path, server_factory):
     errors = Errors()
     client = Tally(server.url, ids["key"], ids["site"], flush_interval=0.02, max_queue=20_000,
                    on_error=errors)
+    # The write lock held by another connection keeps the flush from storing, so the
+    # server's queues of 500 fill and answer 503 however fast the server is; it is let
+    # go once the client has had to back off.
+    lock = sqlite3.connect(db, isolation_level=None, timeout=30)
+    lock.execute("BEGIN IMMEDIATE")
 
     def send(thread: int) -> None:
         for n in range(2_500):
@@ -76,12 +81,17 @@ def test_zero_loss_through_503s_from_a_tiny_queue(tmp_path, server_factory):
     threads = [threading.Thread(target=send, args=(t,)) for t in range(8)]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + 60
+    while client.stats["retries"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lock.execute("ROLLBACK")
+    lock.close()
     for thread in threads:
         thread.join()
+    assert client.stats["retries"] > 0, "no 503 while the write lock was held"
     assert client.flush(timeout=120)
     assert errors.calls == []
     assert client.stats["sent"] == 20_000
-    assert client.stats["retries"] > 0, "the queue never filled: the test proved nothing"
     assert wait_stored(db, 20_000) == 20_000
     for thread in range(8):
         assert stored(db, f"load-{thread}") == 2_500
