@@ -62,6 +62,10 @@ class UtcMonths:
         return month[0]
 
 
+# How long a request waits for its worker's flush to commit before reading the shared count.
+COMMIT_WAIT = 0.25
+
+
 class QuotaGuard:
     """An account's events this month as this worker sees them."""
 
@@ -72,6 +76,7 @@ class QuotaGuard:
         self.ttl = ttl
         self._max = max_entries
         self._lock = threading.Lock()
+        self._commit_ended = threading.Condition(self._lock)
         self._shared: dict[UsageKey, tuple[float, int]] = {}  # key -> (expires at, count)
         self._unstored: dict[UsageKey, int] = {}
         # Bumped when a flush transaction starts and when it ends: a count read from the
@@ -90,6 +95,9 @@ class QuotaGuard:
             entry = self._shared.get(key)
             if entry is not None and entry[0] > now:
                 return entry[1] + self._unstored.get(key, 0)
+            # A read during this worker's own commit could not be kept, and would leave a
+            # stale count in use: wait (briefly) for the commit to end, then read.
+            self._commit_ended.wait_for(lambda: not self._committing, COMMIT_WAIT)
             epoch, committing = self._epoch, self._committing
         count = read_usage(self.db.conn(), *key)
         with self._lock:
@@ -130,6 +138,7 @@ class QuotaGuard:
                 self._shared[key] = (now + self.ttl, total)
             self._committing = False
             self._epoch += 1
+            self._commit_ended.notify_all()
 
     def _forget(self, key: UsageKey, events: int) -> None:
         left = self._unstored.get(key, 0) - events
