@@ -17,10 +17,13 @@ def _chunked_post(server, path, body: bytes, key: str):
     conn.putheader("Content-Type", "application/json")
     conn.putheader("Transfer-Encoding", "chunked")
     conn.endheaders()
-    for start in range(0, len(body), 1000):
-        chunk = body[start:start + 1000]
-        conn.send(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-    conn.send(b"0\r\n\r\n")
+    try:
+        for start in range(0, len(body), 1000):
+            chunk = body[start:start + 1000]
+            conn.send(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        conn.send(b"0\r\n\r\n")
+    except BrokenPipeError:
+        pass  # the server answered (413) and closed without reading the rest: read its answer
     resp = conn.getresponse()
     result = resp.status, resp.read()
     conn.close()
