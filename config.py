@@ -78,14 +78,20 @@ QUEUE_MAX_RANGE = (50, 1_000_000)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def _positive_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+def _whole_number(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name)
     if not raw:
-        return default
+        return None
     try:
-        value = int(raw)
+        return int(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    value = _whole_number(env, name)
+    if value is None:
+        return default
     if value < 1:
         raise ConfigError(f"{name} must be at least 1, not {value}")
     return value
@@ -93,13 +99,9 @@ def _positive_int(env: Mapping[str, str], name: str, default: int | None) -> int
 
 def _int_between(env: Mapping[str, str], name: str, default: int, bounds: tuple[int, int],
                  why_low: str) -> int:
-    raw = env.get(name)
-    if not raw:
+    value = _whole_number(env, name)
+    if value is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None
     low, high = bounds
     if not low <= value <= high:
         raise ConfigError(f"{name} must be between {low} ({why_low}) and {high}, not {value}")

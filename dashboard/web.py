@@ -431,23 +431,18 @@ class Dashboard:
         _redirect(resp, f"/sites/{site_id}/settings#keys")
 
     def on_post_host_add(self, req, resp, site_id):
-        checked = self._settings_post(req, resp, site_id)
-        if checked is None:
-            return
-        user, site, form = checked
-        try:
-            self.site_settings.add_host(site.id, self._field(form, "host"))
-        except InvalidArgument as exc:
-            return self._settings_page(req, resp, user, site, error=str(exc), status=400)
-        _redirect(resp, f"/sites/{site_id}/settings#hosts")
+        self._change_host(req, resp, site_id, self.site_settings.add_host)
 
     def on_post_host_remove(self, req, resp, site_id):
+        self._change_host(req, resp, site_id, self.site_settings.remove_host)
+
+    def _change_host(self, req, resp, site_id, change):
         checked = self._settings_post(req, resp, site_id)
         if checked is None:
             return
         user, site, form = checked
         try:
-            self.site_settings.remove_host(site.id, self._field(form, "host"))
+            change(site.id, self._field(form, "host"))
         except InvalidArgument as exc:
             return self._settings_page(req, resp, user, site, error=str(exc), status=400)
         _redirect(resp, f"/sites/{site_id}/settings#hosts")
