@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def python3() -> str:
+    """Debian's python3 when it has our minor version, else the interpreter the venv was made from."""
     system = "/usr/bin/python3"
     if os.access(system, os.X_OK):
         version = subprocess.run([system, "-c", "import sys; print(sys.version_info[:2])"],

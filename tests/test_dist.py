@@ -8,7 +8,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bench.dist import python3
 from tests.conftest import REPO, bearer, free_port, http
 
 # Top-level names of the repository that are not part of the running service.
@@ -30,17 +30,6 @@ def test_packaged_data_files_are_links_to_the_top_level_sources():
         path = REPO / packaged
         assert path.is_symlink(), f"{packaged} must be a symlink to {source}"
         assert path.resolve() == (REPO / source).resolve()
-
-
-def python3_outside_the_venv() -> str:
-    """Debian's python3 when it has our minor version, else the interpreter the venv was made from."""
-    system = "/usr/bin/python3"
-    if os.access(system, os.X_OK):
-        version = subprocess.run([system, "-c", "import sys; print(sys.version_info[:2])"],
-                                 capture_output=True, text=True).stdout.strip()
-        if version == str(tuple(sys.version_info[:2])):
-            return system
-    return sys._base_executable
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +61,7 @@ class Folder:
 @pytest.mark.slow
 def test_the_one_file_build_serves_from_an_empty_folder(pyz, tmp_path):
     (tmp_path / "empty").mkdir()
-    exercise(Folder(tmp_path / "empty", pyz, [python3_outside_the_venv(), "tally.pyz"]), tmp_path)
+    exercise(Folder(tmp_path / "empty", pyz, [python3(), "tally.pyz"]), tmp_path)
 
 
 @pytest.mark.slow
@@ -190,7 +179,7 @@ def test_the_systemd_command_lines_run_the_one_file(pyz, tmp_path):
     port = free_port()
     moves = {"/opt/tally/tally.pyz": str(tmp_path / "opt" / "tally.pyz"),
              "/var/lib/tally": str(tmp_path / "state"), "/var/cache/tally": str(tmp_path / "cache"),
-             "127.0.0.1:8000": f"127.0.0.1:{port}", "/usr/bin/python3": python3_outside_the_venv()}
+             "127.0.0.1:8000": f"127.0.0.1:{port}", "/usr/bin/python3": python3()}
 
     def moved(text: str) -> str:
         for old, new in moves.items():

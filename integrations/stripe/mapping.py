@@ -223,21 +223,28 @@ def _refund(refund: dict, created: int, customer: dict | None = None,
         return []
     status, rank = _REFUND_STATUSES.get(refund.get("status"), ("pending", 0))
     charge_id = _id(refund.get("charge")) or charge_id
-    currency = refund["currency"]
+    customer = customer or _customer(
+        _id(refund.get("customer")) or _id(refund.get("payment_intent")) or charge_id
+        or refund["id"])
+    return [_taken_back(refund, "refund", status, customer, charge_id, rank, created)]
+
+
+def _taken_back(obj: dict, kind: str, status: str, customer: dict, charge_id: str | None,
+                rank: int, created: int) -> PaymentWrite:
+    """A refund or a dispute as the payment that takes money back from its charge."""
+    currency = obj["currency"]
     body = {
-        "payment_id": refund["id"],
-        "customer": customer or _customer(
-            _id(refund.get("customer")) or _id(refund.get("payment_intent")) or charge_id
-            or refund["id"]),
-        "amount": major_units(refund["amount"], currency),
+        "payment_id": obj["id"],
+        "customer": customer,
+        "amount": major_units(obj["amount"], currency),
         "currency": currency.upper(),
-        "kind": "refund",
+        "kind": kind,
         "status": status,
-        "paid_at": _rfc3339(refund["created"]),
-        "metadata": _metadata(refund.get("metadata")),
+        "paid_at": _rfc3339(obj["created"]),
+        "metadata": _metadata(obj.get("metadata")),
     }
-    return [PaymentWrite(validate_payment(_without_none(body)),
-                         Version(refund["id"], rank, created), charge_id=charge_id)]
+    return PaymentWrite(validate_payment(_without_none(body)), Version(obj["id"], rank, created),
+                        charge_id=charge_id)
 
 
 # A dispute takes the money back while it is open (inquiries, `warning_*`, take nothing
@@ -259,19 +266,7 @@ def _dispute(dispute: dict, created: int) -> list[Write]:
     charge_id = _id(charge)
     customer = (_charge_customer(charge) if isinstance(charge, dict) else
                 _customer(_id(dispute.get("payment_intent")) or charge_id or dispute["id"]))
-    currency = dispute["currency"]
-    body = {
-        "payment_id": dispute["id"],
-        "customer": customer,
-        "amount": major_units(dispute["amount"], currency),
-        "currency": currency.upper(),
-        "kind": "chargeback",
-        "status": status,
-        "paid_at": _rfc3339(dispute["created"]),
-        "metadata": _metadata(dispute.get("metadata")),
-    }
-    return [PaymentWrite(validate_payment(_without_none(body)),
-                         Version(dispute["id"], rank, created), charge_id=charge_id)]
+    return [_taken_back(dispute, "chargeback", status, customer, charge_id, rank, created)]
 
 
 # Invoices -----------------------------------------------------------------------------
