@@ -28,6 +28,7 @@ from api.stats import add_stats_routes
 from config import Config
 from dashboard.web import Dashboard
 from integrations.stripe.webhook import StripeWebhook
+from storage.backend import open_database
 from storage.db import Database
 from storage.directory import Directory
 from storage.payments import PaymentStore
@@ -121,7 +122,7 @@ def create_app(
     random_bytes: Callable[[int], bytes] = secrets.token_bytes,
 ) -> Tally:
     config = config or Config()
-    db = db or Database(config.db_path, busy_timeout_ms=config.busy_timeout_ms)
+    db = db or open_database(config)
     return Tally(config, db, clock, random_bytes)
 
 

@@ -37,8 +37,9 @@ from reports.text import (
 )
 from reports.timeseries import INTERVALS
 from storage import deadletters
+from storage.backend import open_database
 from storage.check import run_checks
-from storage.db import Database, StorageError
+from storage.db import StorageError
 from storage.directory import Directory, InvalidArgument, NotFound
 from storage.maintenance import (
     MaintenanceError,
@@ -224,7 +225,7 @@ class Context:
     def __init__(self, config: Config, clock: Callable[[], float] = time.time):
         self.config = config
         self.clock = clock
-        self.db = Database(config.db_path, busy_timeout_ms=config.busy_timeout_ms)
+        self.db = open_database(config)
         self.directory = Directory(self.db, clock)
         self.users = Users(self.db, clock)
         self.shares = SharedLinks(self.db, clock)
@@ -252,7 +253,7 @@ def _cell(value) -> str:
 @command("init")
 def _init(args, ctx):
     ctx.db.check_startup()
-    return {"db": ctx.config.db_path, "ok": True}, [f"database ready at {ctx.config.db_path}"]
+    return {"db": ctx.db.location, "ok": True}, [f"database ready at {ctx.db.location}"]
 
 
 @command("check")

@@ -18,6 +18,9 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Config:
     db_path: str = "var/tally.db"
+    # postgresql://user@host/db selects PostgreSQL (storage/postgres.py); unset, the SQLite
+    # file db_path is the database.
+    database_url: str | None = None
     queue_max: int = 10_000
     flush_interval: float = 1.0
     log_level: str = "INFO"
@@ -42,6 +45,7 @@ class Config:
         defaults = cls()
         return cls(
             db_path=env.get("TALLY_DB") or defaults.db_path,
+            database_url=_database_url(env),
             queue_max=_int_between(env, "TALLY_QUEUE_MAX", defaults.queue_max,
                                    QUEUE_MAX_RANGE, "the largest batch one request may carry"),
             flush_interval=_positive_float(env, "TALLY_FLUSH_INTERVAL", defaults.flush_interval),
@@ -144,6 +148,16 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
     raw = (env.get(name) or default).lower()
     if raw not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {env.get(name)!r}")
+    return raw
+
+
+def _database_url(env: Mapping[str, str]) -> str | None:
+    raw = env.get("TALLY_DATABASE_URL", "").strip()
+    if not raw:
+        return None
+    if not raw.startswith(("postgresql://", "postgres://")):
+        raise ConfigError("TALLY_DATABASE_URL must be a postgresql:// URL"
+                          " (leave it unset for the SQLite file TALLY_DB)")
     return raw
 
 

@@ -12,24 +12,25 @@ from dataclasses import dataclass, field
 import orjson
 
 from storage import deadletters
+from storage.dialect import counted_by_month, dialect
 
 # Counted events per account and UTC month of ts, with the boundary events that may
 # have been received (so counted) in the month before or after.
-EVENTS_BY_MONTH = """
-SELECT s.account_id,
-       strftime('%Y-%m', e.ts / 1000, 'unixepoch') AS month,
-       count(*),
-       sum(e.ts < (unixepoch(e.ts / 1000, 'unixepoch', 'start of month') * 1000 + ?1)),
-       sum(e.ts >= (unixepoch(e.ts / 1000, 'unixepoch', 'start of month', '+1 month') * 1000 - ?2))
+EVENTS_BY_MONTH = {name: f"""
+SELECT s.account_id, {counted_by_month(name)}
   FROM events e JOIN sites s ON s.id = e.site_id
- WHERE e.name NOT IN (SELECT value FROM json_each(?3))
+ WHERE e.name NOT IN (SELECT value FROM json_each(?))
  GROUP BY s.account_id, month
-"""
+""" for name in ("sqlite", "postgres")}  # noqa: S608 - fixed fragments by dialect
 USAGE = "SELECT account_id, month, events FROM monthly_usage"
 # Counted events deleted by retention or erasure (storage/maintenance.py), same columns.
 DELETED = "SELECT account_id, month, events, early, late FROM deleted_events"
 ACCOUNT_IDS = "SELECT id, public_id FROM accounts"
-TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('events', 'monthly_usage')"
+TABLES = {
+    "sqlite": "SELECT name FROM sqlite_master WHERE type = 'table'",
+    "postgres": "SELECT table_name FROM information_schema.tables"
+                " WHERE table_schema = current_schema()",
+}
 
 
 @dataclass
@@ -64,13 +65,16 @@ UsageCheck = Callable[[sqlite3.Connection], tuple[list[dict], int]]
 def run_checks(conn: sqlite3.Connection, usage_mismatches: UsageCheck) -> CheckReport:
     """usage_mismatches: quota.audit.usage_mismatches (mismatches, account-months checked)."""
     report = CheckReport()
-    rows = [r[0] for r in conn.execute("PRAGMA integrity_check")]
-    report.integrity = [] if rows == ["ok"] else rows
-    report.foreign_keys = len(conn.execute("PRAGMA foreign_key_check").fetchall())
+    if dialect(conn) == "sqlite":
+        rows = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        report.integrity = [] if rows == ["ok"] else rows
+        report.foreign_keys = len(conn.execute("PRAGMA foreign_key_check").fetchall())
+    # PostgreSQL enforces its foreign keys always and checks its own pages (data checksums,
+    # amcheck): a server whose storage is damaged fails the queries below.
     if report.integrity:
         return report
     report.dead_letters = deadletters.count(conn) or 0
-    if {r[0] for r in conn.execute(TABLES)} == {"events", "monthly_usage"}:
+    if {"events", "monthly_usage"} <= tables(conn):
         report.usage_checked = True
         report.mismatches, report.months = usage_mismatches(conn)
     return report
@@ -80,12 +84,17 @@ def events_by_month(conn: sqlite3.Connection, uncounted: Iterable[str], early_ms
                     late_ms: int) -> Iterator[tuple[int, str, int, int, int]]:
     """(account id, "YYYY-MM" of ts, events, those within early_ms after the month's start,
     those within late_ms before its end) over the events whose name is not uncounted."""
-    return conn.execute(EVENTS_BY_MONTH, (early_ms, late_ms, orjson.dumps(list(uncounted))))
+    return conn.execute(EVENTS_BY_MONTH[dialect(conn)],
+                        (early_ms, late_ms, orjson.dumps(list(uncounted)).decode()))
+
+
+def tables(conn: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in conn.execute(TABLES[dialect(conn)])}
 
 
 def deleted_by_month(conn: sqlite3.Connection) -> list[tuple[int, str, int, int, int]]:
     """The same counts for events deleted by `tally prune` (deleted_events), if any."""
-    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'deleted_events'").fetchone():
+    if "deleted_events" in tables(conn):
         return conn.execute(DELETED).fetchall()
     return []
 

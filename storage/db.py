@@ -78,6 +78,8 @@ def is_transient_failure(exc: BaseException) -> bool:
 
 
 class Database:
+    dialect = "sqlite"
+
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout_ms: int = BUSY_TIMEOUT_MS):
         self.path = path
         self.synchronous = synchronous
@@ -85,6 +87,10 @@ class Database:
         self._local = threading.local()
         self._schema_lock = threading.Lock()
         self._schema_pid: int | None = None
+
+    @property
+    def location(self) -> str:
+        return self.path
 
     def connect(self, *, synchronous: str | None = None,
                 busy_timeout_ms: int | None = None) -> sqlite3.Connection:

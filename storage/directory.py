@@ -128,9 +128,9 @@ class Directory:
             if row is None:
                 raise NotFound(f"no account {account_id}")
             site_id = conn.execute(
-                "INSERT INTO sites (public_id, account_id, created_at) VALUES (?, ?, ?)",
+                "INSERT INTO sites (public_id, account_id, created_at) VALUES (?, ?, ?) RETURNING id",
                 (public_id, row[0], self._now_ms()),
-            ).lastrowid
+            ).fetchone()[0]
             conn.executemany(
                 "INSERT INTO site_hosts (site_id, host) VALUES (?, ?)",
                 [(site_id, host) for host in normalized],

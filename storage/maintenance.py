@@ -16,6 +16,7 @@ import orjson
 
 from storage.browser_ids import browser_visitor_id, is_browser_id
 from storage.db import Database
+from storage.dialect import counted_by_month, dialect
 from vocabulary import TS_FUTURE_MS, TS_PAST_MS, UNCOUNTED_EVENTS
 
 BATCH = 5_000
@@ -96,25 +97,21 @@ _STORED_DAY = (
 _OLD_EVENT_IDS = "SELECT id FROM events WHERE site_id = ? AND ts < ? LIMIT ?"
 _DELETE_EVENTS = "DELETE FROM events WHERE id IN (SELECT value FROM json_each(?))"
 # The counted events among those about to be deleted, as storage/check.py counts them.
-_RECORD_DELETED = """
+_RECORD_DELETED = {name: f"""
 INSERT INTO deleted_events (account_id, month, events, early, late)
-SELECT s.account_id,
-       strftime('%Y-%m', e.ts / 1000, 'unixepoch') AS month,
-       count(*),
-       sum(e.ts < (unixepoch(e.ts / 1000, 'unixepoch', 'start of month') * 1000 + ?)),
-       sum(e.ts >= (unixepoch(e.ts / 1000, 'unixepoch', 'start of month', '+1 month') * 1000 - ?))
+SELECT s.account_id, {counted_by_month(name)}
   FROM events e JOIN sites s ON s.id = e.site_id
  WHERE e.id IN (SELECT value FROM json_each(?)) AND e.name <> ?
  GROUP BY s.account_id, month
- ON CONFLICT (account_id, month) DO UPDATE SET events = events + excluded.events,
-    early = early + excluded.early, late = late + excluded.late
-"""
+ ON CONFLICT (account_id, month) DO UPDATE SET events = deleted_events.events + excluded.events,
+    early = deleted_events.early + excluded.early, late = deleted_events.late + excluded.late
+""" for name in ("sqlite", "postgres")}  # noqa: S608 - fixed fragments by dialect
 
 
 def _delete_events(conn: sqlite3.Connection, ids: list[int]) -> int:
     """Delete events by id, keeping the count of the counted ones for `tally check`."""
     batch = orjson.dumps(ids).decode()
-    conn.execute(_RECORD_DELETED, (TS_FUTURE_MS, TS_PAST_MS, batch, *UNCOUNTED_EVENTS))
+    conn.execute(_RECORD_DELETED[dialect(conn)], (TS_FUTURE_MS, TS_PAST_MS, batch, *UNCOUNTED_EVENTS))
     return conn.execute(_DELETE_EVENTS, (batch,)).rowcount
 # A session some customer's first touch points at is kept: revenue by channel reads it.
 # One still being extended (seen after the cut-off) is kept too.

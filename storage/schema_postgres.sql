@@ -41,6 +41,28 @@ EXCEPTION WHEN data_exception OR statement_too_complex THEN
     RETURN false;
 END $$;
 
+-- SQLite's json_each(text) over an object or an array, as storage reads it: key and value
+-- as text, a JSON string unquoted, true and false as 1 and 0 (SQLite's values), null as NULL.
+CREATE OR REPLACE FUNCTION tally_json_scalar(value json) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE json_typeof(value)
+        WHEN 'string' THEN value #>> '{}'
+        WHEN 'boolean' THEN CASE WHEN value::text = 'true' THEN '1' ELSE '0' END
+        WHEN 'null' THEN NULL
+        ELSE value::text END
+$$;
+
+CREATE OR REPLACE FUNCTION tally_json_each(document text)
+    RETURNS TABLE (key text, value text)
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT e.key, tally_json_scalar(e.value)
+      FROM json_each(CASE WHEN json_typeof(document::json) = 'object' THEN document::json END) e
+    UNION ALL
+    SELECT (a.n - 1)::text, tally_json_scalar(a.element)
+      FROM json_array_elements(CASE WHEN json_typeof(document::json) = 'array'
+                                    THEN document::json END) WITH ORDINALITY a(element, n)
+$$;
+
 -- The integer a text equals when SQLite compares it with an INTEGER column (numeric
 -- affinity: ' 42', '+042', '42.0' and '4.2e1' all equal 42); NULL when it equals none.
 CREATE OR REPLACE FUNCTION tally_text_as_integer(value text) RETURNS bigint

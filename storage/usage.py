@@ -29,7 +29,7 @@ def account_month(conn: sqlite3.Connection, account_public_id: str,
 
 ADD_USAGE = (
     "INSERT INTO monthly_usage (account_id, month, events) VALUES (?, ?, ?)"
-    " ON CONFLICT (account_id, month) DO UPDATE SET events = events + excluded.events"
+    " ON CONFLICT (account_id, month) DO UPDATE SET events = monthly_usage.events + excluded.events"
     " RETURNING events"
 )
 

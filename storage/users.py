@@ -73,7 +73,8 @@ class Users:
                 ids.append(row[0])
             user_id = conn.execute(
                 "INSERT INTO users (public_id, email, password_hash, created_at)"
-                " VALUES (?, ?, ?, ?)", (public_id, email, password_hash, self._now_ms())).lastrowid
+                " VALUES (?, ?, ?, ?) RETURNING id",
+                (public_id, email, password_hash, self._now_ms())).fetchone()[0]
             conn.executemany("INSERT INTO user_accounts (user_id, account_id) VALUES (?, ?)",
                              [(user_id, account_id) for account_id in ids])
         return {"id": public_id, "email": email, "accounts": accounts}

@@ -1,4 +1,10 @@
-"""Shared fixtures: a real SQLite file in a temp folder, an injectable clock, real processes."""
+"""Shared fixtures: a real database (a SQLite file in a temp folder, or a schema of its
+own on the test PostgreSQL server), an injectable clock, real processes.
+
+Every test that uses `db_path` (directly or through config, tally, client, ...) runs on
+both backends: `db_path` is the SQLite file's path or a postgresql:// URL whose
+search_path is the test's own schema. Mark a test `sqlite_only` when what it checks is
+the SQLite file itself (its upgrades, its backup, its permissions)."""
 
 from __future__ import annotations
 
@@ -8,8 +14,11 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import orjson
 import pytest
@@ -18,6 +27,7 @@ from hypothesis import settings
 
 from app import create_app
 from config import Config
+from tests.realparts import POSTGRES_URL, postgres_admin
 
 # make test runs every property test with fixed examples and no deadline, so a shared,
 # noisy machine can neither turn up a new example nor time one out; make fuzz
@@ -58,8 +68,57 @@ def counting_bytes():
     return random_bytes
 
 
+BACKENDS = ("sqlite", "postgres")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "sqlite_only: checks the SQLite file itself; not run on PostgreSQL")
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames:
+        only_sqlite = metafunc.definition.get_closest_marker("sqlite_only") is not None
+        metafunc.parametrize("backend", ("sqlite",) if only_sqlite else BACKENDS, scope="function")
+
+
+def is_postgres(db: str) -> bool:
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def database_env(db: str) -> dict:
+    """The TALLY_ variables that point Tally at `db` (a SQLite path or a PostgreSQL URL)."""
+    if is_postgres(db):
+        return {"TALLY_DATABASE_URL": db}
+    return {"TALLY_DB": db}
+
+
+def config_for(db: str, **settings) -> Config:
+    if is_postgres(db):
+        return Config(database_url=db, **settings)
+    return Config(db_path=db, **settings)
+
+
 @pytest.fixture
-def db_path(tmp_path) -> str:
+def postgres_schema():
+    """A URL for a new, empty schema on the test server, dropped after the test."""
+    admin = postgres_admin()
+    name = f"tally_t_{uuid.uuid4().hex[:12]}"
+    admin.execute(f'CREATE SCHEMA "{name}"')
+    separator = "&" if "?" in POSTGRES_URL else "?"
+    yield f"{POSTGRES_URL}{separator}options={quote(f'-csearch_path={name}')}"
+    try:
+        admin.execute("SET lock_timeout = '10s'")
+        admin.execute(f'DROP SCHEMA "{name}" CASCADE')
+    finally:
+        admin.close()
+
+
+@pytest.fixture
+def db_path(request, backend, tmp_path) -> str:
+    """The test's database: a SQLite file's path, or a PostgreSQL URL (see the module doc)."""
+    if backend == "postgres":
+        return request.getfixturevalue("postgres_schema")
     return str(tmp_path / "tally.db")
 
 
@@ -70,7 +129,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def config(db_path) -> Config:
-    return Config(db_path=db_path)
+    return config_for(db_path)
 
 
 @pytest.fixture
@@ -106,7 +165,7 @@ def bearer(secret: str) -> dict:
 def run_cli(*args: str, db: str, check: bool = True, env: dict | None = None,
             input_text: str | None = None):
     """The real `tally` console script, as an outside user runs it (stdin: input_text)."""
-    full_env = {**os.environ, "TALLY_DB": db, **(env or {})}
+    full_env = {**_without_database(os.environ), **database_env(db), **(env or {})}
     proc = subprocess.run([str(BIN / "tally"), *args], capture_output=True, text=True,
                           env=full_env, cwd=REPO, timeout=60, input=input_text or "")
     if check and proc.returncode != 0:
@@ -118,12 +177,31 @@ def cli_json(*args: str, db: str, env: dict | None = None) -> dict:
     return orjson.loads(run_cli(*args, "--json", db=db, env=env).stdout)
 
 
+def _without_database(env) -> dict:
+    return {k: v for k, v in env.items() if k not in ("TALLY_DB", "TALLY_DATABASE_URL")}
+
+
 def rows(db_path: str, sql: str, params=()) -> list[dict]:
-    """Read what is on disk through a connection of the test's own."""
+    """Read what is stored through a connection of the test's own (SQLite's spelling of
+    the statement; on PostgreSQL it is translated as storage's statements are)."""
+    if is_postgres(db_path):
+        return _postgres_rows(db_path, sql, params)
     conn = sqlite3.connect(db_path)
     conn.row_factory = sqlite3.Row
     try:
         return [dict(r) for r in conn.execute(sql, params)]
+    finally:
+        conn.close()
+
+
+def _postgres_rows(url: str, sql: str, params) -> list[dict]:
+    from storage.postgres import PostgresDatabase
+
+    conn = PostgresDatabase(url).connect()
+    try:
+        cursor = conn.execute(sql, params)
+        names = [column.name for column in cursor.description or ()]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     finally:
         conn.close()
 
@@ -142,12 +220,15 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.db = db
-        self.log_path = log_path or Path(db).with_suffix(".log")
+        if log_path is None:
+            folder = Path(tempfile.mkdtemp(prefix="tally-server-")) if is_postgres(db) else Path(db).parent
+            log_path = folder / f"gunicorn-{self.port}.log"
+        self.log_path = log_path
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [str(BIN / "gunicorn"), "--bind", f"127.0.0.1:{self.port}", "--workers", str(workers),
              app],
-            cwd=REPO, env={**os.environ, "TALLY_DB": db, **(env or {})},
+            cwd=REPO, env={**_without_database(os.environ), **database_env(db), **(env or {})},
             stdout=self._log, stderr=subprocess.STDOUT,
         )
 
@@ -209,3 +290,23 @@ def http(method: str, url: str, body: bytes | None = None, headers: dict | None 
     except urllib.error.HTTPError as err:
         return err.code, err.headers, err.read()
 
+
+
+class WriteLock:
+    """Holds the database's write lock, as another writer would: SQLite's BEGIN IMMEDIATE
+    on a connection of its own, PostgreSQL's writer lock (storage/postgres.py)."""
+
+    def __init__(self, db: str):
+        if is_postgres(db):
+            from storage.postgres import PostgresDatabase
+
+            self.conn = PostgresDatabase(db).connect()
+        else:
+            self.conn = sqlite3.connect(db, isolation_level=None)
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def release(self) -> None:
+        if self.conn is not None:
+            self.conn.execute("ROLLBACK")
+            self.conn.close()
+            self.conn = None

@@ -51,3 +51,21 @@ def chromium_driver(*, host_rules: str = "MAP *.test 127.0.0.1", user_agent: str
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+
+
+POSTGRES_URL = os.environ.get("TALLY_TEST_DATABASE_URL",
+                              "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def postgres_admin():
+    """A connection to the test server, or skip (fail under CI=true) with a loud message."""
+    import psycopg
+
+    try:
+        return psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        message = (f"*** no PostgreSQL answers at TALLY_TEST_DATABASE_URL={POSTGRES_URL}"
+                   f" ({str(exc).strip()}): the PostgreSQL half of this test cannot run. ***")
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)

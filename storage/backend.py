@@ -1,0 +1,14 @@
+"""Which database a Config names: PostgreSQL when it has a database_url, else SQLite."""
+
+from __future__ import annotations
+
+from storage.db import Database
+
+
+def open_database(config):
+    """A Database (SQLite) or a PostgresDatabase; neither connects until first used."""
+    if config.database_url:
+        from storage.postgres import PostgresDatabase  # psycopg loads only when chosen
+
+        return PostgresDatabase(config.database_url, busy_timeout_ms=config.busy_timeout_ms)
+    return Database(config.db_path, busy_timeout_ms=config.busy_timeout_ms)

@@ -1,0 +1,34 @@
+"""The few fragments SQLite and PostgreSQL spell differently, by dialect name.
+
+Storage's statements are otherwise written once, in the subset both share (the
+PostgreSQL connection respells placeholders and a handful of functions: storage/postgres.py).
+"""
+
+from __future__ import annotations
+
+
+def dialect(conn) -> str:
+    """"postgres" or "sqlite" (a plain sqlite3 connection has no dialect attribute)."""
+    return getattr(conn, "dialect", "sqlite")
+
+
+# The UTC month ("YYYY-MM") of a unix-ms column, and the ms its month starts and ends at.
+_MONTH = {
+    "sqlite": ("strftime('%Y-%m', {ts} / 1000, 'unixepoch')",
+               "unixepoch({ts} / 1000, 'unixepoch', 'start of month') * 1000",
+               "unixepoch({ts} / 1000, 'unixepoch', 'start of month', '+1 month') * 1000"),
+    "postgres": ("to_char(to_timestamp({ts} / 1000) AT TIME ZONE 'UTC', 'YYYY-MM')",
+                 "(extract(epoch FROM date_trunc('month', to_timestamp({ts} / 1000)"
+                 " AT TIME ZONE 'UTC'))::bigint * 1000)",
+                 "(extract(epoch FROM date_trunc('month', to_timestamp({ts} / 1000)"
+                 " AT TIME ZONE 'UTC') + interval '1 month')::bigint * 1000)"),
+}
+
+
+def counted_by_month(name: str, ts: str = "e.ts") -> str:
+    """`month, count(*), early, late` of the events `ts` belongs to, for a GROUP BY month:
+    early within ? ms after the month's start, late within ? ms before its end."""
+    month, start, end = (part.format(ts=ts) for part in _MONTH[name])
+    return (f"{month} AS month, count(*),"
+            f" count(*) FILTER (WHERE {ts} < {start} + ?),"
+            f" count(*) FILTER (WHERE {ts} >= {end} - ?)")

@@ -1,0 +1,514 @@
+"""PostgreSQL through psycopg 3, behind the same interface as storage.db.Database.
+
+Storage's SQL is written once, in the subset SQLite and PostgreSQL share, with SQLite's
+`?`/`?N` placeholders. `PostgresConnection` gives the rest of Tally the sqlite3 connection
+it already uses (execute, executemany, fetchone, rowcount, in_transaction) and rewrites
+each statement once (`translate`, cached): placeholders become psycopg's, and the few
+constructs the two spell differently are respelled. Statements that differ in substance
+choose their text by `dialect(conn)` where they are defined.
+
+Writers are serialized as SQLite serializes them: `BEGIN IMMEDIATE` takes one
+transaction-scoped advisory lock, so every invariant the flush relies on (session ids
+read then written, quota rows, first touches) holds across threads, workers and hosts.
+Readers never take it. A lock or connection failure surfaces as StorageBusy, a 503.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+from contextlib import contextmanager
+from decimal import Decimal
+from importlib.resources import files
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+import orjson
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.adapt import Dumper, Loader
+from psycopg.pq import TransactionStatus
+from psycopg.types.numeric import Int8Dumper
+
+from storage.db import BUSY_TIMEOUT_MS, StorageBusy, StorageError, schema
+
+SCHEMA_PATH = files(__package__) / "schema_postgres.sql"
+
+# pg_advisory_xact_lock keys: one writer at a time, and one process applying the schema.
+WRITE_LOCK_KEY = 0x7A11_0001
+SCHEMA_LOCK_KEY = 0x7A11_0002
+
+# PostgreSQL text cannot hold U+0000, which Tally stores as sent. Strings carrying it are
+# written with NUL as ESCAPE + "0" and ESCAPE itself doubled (ESCAPE is a private-use
+# character), and read back unescaped, so a round trip is exact.
+_ESCAPE = "\ue000"
+_NUL = "\x00"
+
+
+def _escape_text(text: str) -> str:
+    return text.replace(_ESCAPE, _ESCAPE + _ESCAPE).replace(_NUL, _ESCAPE + "0")
+
+
+def _unescape_text(text: str) -> str:
+    return re.sub("\ue000(.)", lambda m: _NUL if m.group(1) == "0" else m.group(1), text,
+                  flags=re.DOTALL)
+
+
+class _TextDumper(Dumper):
+    # oid 0 ("unknown"): PostgreSQL gives the value the type its context needs, as SQLite's
+    # untyped parameters behave (a str into a BIGINT column or compared with one).
+    oid = 0
+
+    def dump(self, obj: str) -> bytes:
+        if _NUL in obj or _ESCAPE in obj:
+            obj = _escape_text(obj)
+        return obj.encode()
+
+
+class _TextLoader(Loader):
+    def load(self, data) -> str:
+        text = bytes(data).decode()
+        return _unescape_text(text) if _ESCAPE in text else text
+
+
+class _ListText(str):
+    """A str inside a list parameter: typed text, so the array is text[] (unnest needs a type)."""
+
+
+class _TypedTextDumper(_TextDumper):
+    oid = psycopg.adapters.types["text"].oid
+
+
+class _BoolAsIntDumper(Int8Dumper):
+    # Flags are 0/1 integers in both schemas; SQLite stores a Python bool as one.
+    def dump(self, obj: bool) -> bytes:
+        return b"1" if obj else b"0"
+
+
+class _BoolAsIntLoader(Loader):
+    # A comparison selected as a value (`x IS NULL`) is 0/1 in SQLite; the same here.
+    def load(self, data) -> int:
+        return 1 if bytes(data) == b"t" else 0
+
+
+class _NumericLoader(Loader):
+    # sum() of BIGINT is NUMERIC here and an integer in SQLite: load whole numbers as int.
+    def load(self, data):
+        text = bytes(data).decode()
+        if "." in text or "e" in text or "N" in text:
+            return float(Decimal(text))
+        return int(text)
+
+
+def _adapt(context) -> None:
+    adapters = context.adapters
+    adapters.register_dumper(int, Int8Dumper)
+    adapters.register_dumper(bool, _BoolAsIntDumper)
+    adapters.register_dumper(str, _TextDumper)
+    adapters.register_dumper(_ListText, _TypedTextDumper)
+    adapters.register_loader("text", _TextLoader)
+    adapters.register_loader("varchar", _TextLoader)
+    adapters.register_loader("bool", _BoolAsIntLoader)
+    adapters.register_loader("numeric", _NumericLoader)
+
+
+# --- statement translation ----------------------------------------------------------------
+
+_TOKEN = re.compile(r"""
+    (?P<string>'(?:[^']|'')*')
+  | (?P<ident>"(?:[^"]|"")*")
+  | (?P<comment>--[^\n]*)
+  | (?P<param>\?(?P<number>\d+)?(?:@(?P<mark>list|isnull))?)
+  | (?P<percent>%)
+""", re.VERBOSE)
+
+# `x IN (SELECT value FROM json_each(?))`, storage's one-statement list parameter, is
+# `x = ANY(?)` with the JSON list decoded, so the array takes x's type.
+_IN_JSON_LIST = re.compile(
+    r"\b(NOT\s+)?IN\s*\(\s*SELECT\s+value\s+FROM\s+json_each\s*\(\s*\?(\d*)\s*\)\s*\)",
+    re.IGNORECASE)
+# `? IS NULL` leaves PostgreSQL no type to give the parameter: the test is made in Python.
+_PARAM_IS_NULL = re.compile(r"\?(\d*)\s+IS\s+(NOT\s+)?NULL\b", re.IGNORECASE)
+_SCALAR_EXTREMES = re.compile(r"\b(max|min)\s*\(", re.IGNORECASE)
+# `FROM json_each(?) AS w` walks a JSON array parameter: unnest the decoded list instead,
+# so w.value has the elements' type.
+_JSON_LIST_TABLE = re.compile(
+    r"\bjson_each\s*\(\s*\?(\d*)\s*\)\s+(?:AS\s+)?(?!WHERE\b|CROSS\b|JOIN\b|ON\b)(\w+)",
+    re.IGNORECASE)
+_JSON_LIST = re.compile(r"\bjson_each\s*\(\s*\?(\d*)\s*\)", re.IGNORECASE)
+_INSERT_OR_IGNORE = re.compile(r"\bINSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
+_RETURNING = re.compile(r"\bRETURNING\b", re.IGNORECASE)
+_RENAMED_FUNCTIONS = (
+    (re.compile(r"\binstr\s*\(", re.IGNORECASE), "strpos("),
+    (re.compile(r"\bjson_each\s*\(", re.IGNORECASE), "tally_json_each("),
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def translate(sql: str) -> Translation:
+    """The PostgreSQL spelling of one of storage's statements, and how its parameters map."""
+    order: list[int] = []
+    lists: set[int] = set()
+    null_tests: set[int] = set()
+    numbered = False
+
+    def replace(match: re.Match) -> str:
+        nonlocal numbered
+        kind = match.lastgroup
+        if kind == "percent":
+            return "%%"
+        if kind == "param" or kind == "number":
+            number = match.group("number")
+            if number is not None:
+                numbered = True
+                order.append(int(number) - 1)
+            else:
+                order.append(len(order))
+            mark = match.group("mark")
+            if mark == "list":
+                lists.add(len(order) - 1)
+            elif mark == "isnull":
+                null_tests.add(len(order) - 1)
+            return "%s"
+        return match.group(0).replace("%", "%%")  # psycopg reads % inside literals too
+
+    text = _IN_JSON_LIST.sub(
+        lambda m: f"{'<> ALL' if m.group(1) else '= ANY'}(?{m.group(2)}@list)", sql)
+    text = _JSON_LIST_TABLE.sub(lambda m: f"unnest(?{m.group(1)}@list) AS {m.group(2)}(value)", text)
+    text = _JSON_LIST.sub(lambda m: f"unnest(?{m.group(1)}@list) AS json_each(value)", text)
+    text = _PARAM_IS_NULL.sub(
+        lambda m: f"(?{m.group(1)}@isnull = {0 if m.group(2) else 1})", text)
+    text = _TOKEN.sub(replace, text)
+    text = _respell_scalar_extremes(text)
+    if _INSERT_OR_IGNORE.search(text):
+        text = _INSERT_OR_IGNORE.sub("INSERT INTO", text)
+        returning = _RETURNING.search(text)
+        if returning:
+            text = f"{text[:returning.start()]}ON CONFLICT DO NOTHING {text[returning.start():]}"
+        else:
+            text = f"{text.rstrip().rstrip(';')} ON CONFLICT DO NOTHING"
+    for pattern, replacement in _RENAMED_FUNCTIONS:
+        text = pattern.sub(replacement, text)
+    return Translation(text, tuple(order) if numbered else None, frozenset(lists),
+                       frozenset(null_tests))
+
+
+class Translation(NamedTuple):
+    text: str
+    order: tuple[int, ...] | None  # the parameter each placeholder takes, None: in turn
+    lists: frozenset[int]  # placeholders whose JSON-array text becomes a list
+    null_tests: frozenset[int]  # placeholders that take whether their value is None
+
+    def arguments(self, params):
+        if not params:
+            return params
+        values = list(params) if self.order is None else [params[i] for i in self.order]
+        for i in self.lists:
+            if isinstance(values[i], str | bytes):
+                values[i] = [_ListText(v) if isinstance(v, str) else v
+                             for v in orjson.loads(values[i])]
+        for i in self.null_tests:
+            values[i] = values[i] is None
+        return values
+
+
+def _respell_scalar_extremes(text: str) -> str:
+    """max(a, b) and min(a, b), SQLite's scalar forms, are GREATEST and LEAST here."""
+    out, start = [], 0
+    for match in _SCALAR_EXTREMES.finditer(text):
+        depth, i, commas = 1, match.end(), 0
+        while i < len(text) and depth:
+            char = text[i]
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            commas += char == "," and depth == 1
+            i += 1
+        if commas:
+            name = "GREATEST(" if match.group(1).lower() == "max" else "LEAST("
+            out.append(text[start:match.start()] + name)
+            start = match.end()
+    return "".join(out) + text[start:]
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+# Conditions of the server, the network or other sessions, not of the data written: a
+# retry can succeed. Constraint, data and syntax errors fail again.
+_TRANSIENT = (
+    pg_errors.LockNotAvailable, pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
+    pg_errors.QueryCanceled, pg_errors.DiskFull, pg_errors.OutOfMemory,
+    pg_errors.InsufficientResources, pg_errors.AdminShutdown, pg_errors.CrashShutdown,
+    pg_errors.CannotConnectNow, pg_errors.TooManyConnections, pg_errors.ReadOnlySqlTransaction,
+    pg_errors.IoError if hasattr(pg_errors, "IoError") else pg_errors.DiskFull,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, _TRANSIENT):
+        return True
+    # Connection-level failures (refused, reset, server gone) carry no SQLSTATE.
+    return isinstance(exc, psycopg.OperationalError) and getattr(exc, "sqlstate", None) in (
+        None, "08000", "08003", "08006", "08001", "08004", "57P01", "57P02", "57P03")
+
+
+def storage_error(exc: psycopg.Error) -> StorageError:
+    return StorageBusy(str(exc)) if is_transient(exc) else StorageError(str(exc))
+
+
+# --- connections ----------------------------------------------------------------------------
+
+class PostgresCursor:
+    """The part of sqlite3.Cursor storage uses."""
+
+    __slots__ = ("_cursor",)
+
+    def __init__(self, cursor: psycopg.Cursor):
+        self._cursor = cursor
+
+    def fetchone(self):
+        return self._cursor.fetchone() if self._cursor.description else None
+
+    def fetchall(self) -> list:
+        return self._cursor.fetchall() if self._cursor.description else []
+
+    def fetchmany(self, size: int) -> list:
+        return self._cursor.fetchmany(size) if self._cursor.description else []
+
+    def __iter__(self):
+        return iter(self._cursor) if self._cursor.description else iter(())
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    @property
+    def description(self):
+        return self._cursor.description
+
+
+class PostgresConnection:
+    """A psycopg connection that takes storage's statements as a sqlite3 connection does."""
+
+    dialect = "postgres"
+
+    def __init__(self, raw: psycopg.Connection, lock_timeout_ms: int):
+        self.raw = raw
+        self.lock_timeout_ms = lock_timeout_ms
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.raw.info.transaction_status != TransactionStatus.IDLE
+
+    @property
+    def closed(self) -> bool:
+        return self.raw.closed or self.raw.broken
+
+    def execute(self, sql: str, params=()) -> PostgresCursor:
+        keyword = sql.lstrip()[:16].upper()
+        if keyword.startswith("BEGIN"):
+            return self._begin(immediate="IMMEDIATE" in sql.upper())
+        if keyword.startswith("PRAGMA"):
+            return self._pragma(sql)
+        statement = translate(sql)
+        cursor = self.raw.cursor()
+        cursor.execute(statement.text, statement.arguments(params) or None)
+        return PostgresCursor(cursor)
+
+    def executemany(self, sql: str, rows) -> PostgresCursor:
+        statement = translate(sql)
+        cursor = self.raw.cursor()
+        if statement.order is None and not statement.lists and not statement.null_tests:
+            cursor.executemany(statement.text, rows)
+        else:
+            cursor.executemany(statement.text, (statement.arguments(row) for row in rows))
+        return PostgresCursor(cursor)
+
+    def _pragma(self, sql: str) -> PostgresCursor:
+        match = re.fullmatch(r"\s*PRAGMA\s+busy_timeout\s*=\s*(\d+)\s*;?\s*", sql, re.IGNORECASE)
+        if match is None:
+            raise psycopg.NotSupportedError(f"no PostgreSQL equivalent: {sql.strip()}")
+        self.set_lock_timeout(int(match.group(1)))
+        return PostgresCursor(self.raw.cursor())
+
+    def _begin(self, *, immediate: bool) -> PostgresCursor:
+        cursor = self.raw.cursor()
+        cursor.execute("BEGIN")
+        if immediate:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+        return PostgresCursor(cursor)
+
+    def set_lock_timeout(self, ms: int) -> None:
+        self.raw.execute(f"SET lock_timeout = {int(ms)}")  # sql-safe: an int
+
+    def commit(self) -> None:
+        self.raw.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self.raw.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def _connect(url: str, lock_timeout_ms: int) -> PostgresConnection:
+    raw = psycopg.connect(url, autocommit=True, connect_timeout=max(1, lock_timeout_ms // 1000),
+                          prepare_threshold=None)
+    _adapt(raw)
+    # lock_timeout bounds the wait for the write lock (BEGIN IMMEDIATE) and for row locks;
+    # SQLite's busy_timeout is the same bound. UTC keeps any date function deterministic.
+    raw.execute(f"SET lock_timeout = {int(lock_timeout_ms)}")  # sql-safe: an int
+    raw.execute("SET TIME ZONE 'UTC'")
+    return PostgresConnection(raw, lock_timeout_ms)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return parts._replace(netloc=netloc).geturl()
+
+
+class PostgresDatabase:
+    """Connections to one PostgreSQL database, one per thread, schema applied once."""
+
+    dialect = "postgres"
+
+    def __init__(self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS):
+        self.url = url
+        self.busy_timeout_ms = int(busy_timeout_ms)
+        self._local = threading.local()
+        self._schema_lock = threading.Lock()
+        self._schema_pid: int | None = None
+
+    @property
+    def location(self) -> str:
+        return redact(self.url)
+
+    def connect(self, *, synchronous: str | None = None,
+                busy_timeout_ms: int | None = None) -> PostgresConnection:
+        try:
+            conn = _connect(self.url, self.busy_timeout_ms)
+        except psycopg.Error as exc:
+            raise storage_error(exc) from exc
+        try:
+            self._ensure_schema(conn)
+            if busy_timeout_ms is not None:
+                conn.set_lock_timeout(busy_timeout_ms)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def conn(self) -> PostgresConnection:
+        local = self._local
+        current = getattr(local, "conn", None)
+        if getattr(local, "pid", None) != os.getpid() or current is None or current.closed:
+            local.conn = self.connect()
+            local.pid = os.getpid()
+        return local.conn
+
+    def ping(self) -> None:
+        try:
+            self.conn().execute("SELECT 1").fetchone()
+        except psycopg.Error as exc:
+            raise storage_error(exc) from exc
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            conn.close()
+        self._local = threading.local()
+
+    @contextmanager
+    def transaction(self, conn: PostgresConnection | None = None):
+        conn = conn or self.conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except psycopg.Error as exc:
+            _abandon(conn)
+            raise storage_error(exc) from exc
+        try:
+            yield conn
+            conn.commit()
+        except BaseException as exc:
+            _abandon(conn)
+            if isinstance(exc, psycopg.Error):
+                raise storage_error(exc) from exc
+            raise
+
+    @contextmanager
+    def snapshot(self, conn: PostgresConnection | None = None):
+        """A read transaction at REPEATABLE READ: every query inside sees one state."""
+        conn = conn or self.conn()
+        conn.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            yield conn
+        finally:
+            _abandon(conn, finish="COMMIT")
+
+    def check_startup(self) -> None:
+        """Connect, apply the schema and prove a write can be made, or raise StorageError."""
+        try:
+            conn = self.connect()
+            try:
+                conn.raw.execute("BEGIN")
+                conn.raw.execute("SELECT version FROM tally_schema_version FOR UPDATE")
+                conn.raw.execute("ROLLBACK")
+            finally:
+                conn.close()
+        except (psycopg.Error, StorageError) as exc:
+            raise StorageError(f"cannot open database {self.location}: {exc}") from exc
+
+    def _ensure_schema(self, conn: PostgresConnection) -> None:
+        if self._schema_pid == os.getpid():
+            return
+        with self._schema_lock:
+            if self._schema_pid == os.getpid():
+                return
+            apply_schema(conn)
+            self._schema_pid = os.getpid()
+
+
+def _abandon(conn: PostgresConnection, finish: str = "ROLLBACK") -> None:
+    if conn.closed:
+        return
+    try:
+        if conn.in_transaction:
+            conn.raw.execute(finish)
+    except psycopg.Error:
+        conn.raw.close()
+
+
+@functools.cache
+def postgres_script() -> str:
+    return SCHEMA_PATH.read_text(encoding="utf-8")
+
+
+def schema_version(conn: PostgresConnection) -> int:
+    row = conn.raw.execute(
+        "SELECT to_regclass('tally_schema_version') IS NOT NULL").fetchone()
+    if not row[0]:
+        return 0
+    row = conn.raw.execute("SELECT version FROM tally_schema_version").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def apply_schema(conn: PostgresConnection) -> None:
+    """Create what is missing and record schema.sql's version; one process at a time."""
+    version = schema()[0]
+    if schema_version(conn) >= version:
+        return
+    raw = conn.raw
+    with raw.transaction():
+        raw.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_KEY,))
+        raw.execute("CREATE TABLE IF NOT EXISTS tally_schema_version ("
+                    " version BIGINT NOT NULL, one_row BOOLEAN PRIMARY KEY DEFAULT true"
+                    " CHECK (one_row))")
+        if schema_version(conn) < version:
+            raw.execute(postgres_script())
+            raw.execute("INSERT INTO tally_schema_version (version) VALUES (%s)"
+                        " ON CONFLICT (one_row) DO UPDATE SET version = excluded.version",
+                        (version,))
