@@ -269,7 +269,8 @@ def server_factory(tmp_path):
     servers = []
 
     def start(db: str, workers: int = 2, env: dict | None = None, app: str = "app:app") -> Server:
-        server = Server(db, workers, env, app=app).wait_ready()
+        log_path = tmp_path / f"gunicorn-{len(servers)}.log"
+        server = Server(db, workers, env, log_path=log_path, app=app).wait_ready()
         servers.append(server)
         return server
 
