@@ -39,7 +39,7 @@ from reports.timeseries import INTERVALS
 from storage import deadletters
 from storage.backend import open_database
 from storage.check import run_checks
-from storage.db import StorageError
+from storage.db import Database, StorageError
 from storage.directory import Directory, InvalidArgument, NotFound
 from storage.maintenance import (
     MaintenanceError,
@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("check", help="integrity check, and monthly usage against stored events")
     backup = commands.add_parser("backup", help="a consistent copy of the database, while it serves")
     backup.add_argument("path", metavar="PATH", help="a new file (never overwritten)")
+    migrate = commands.add_parser(
+        "migrate-to-postgres", help="copy the SQLite database TALLY_DB into an empty PostgreSQL one")
+    migrate.add_argument("--to", metavar="URL",
+                         help="postgresql://user@host/db (default: TALLY_DATABASE_URL)")
     prune = commands.add_parser("prune", help="delete raw events and sessions before a day")
     prune.add_argument("--before", metavar="YYYY-MM-DD",
                        help="first UTC day kept (default: today minus TALLY_RETENTION_DAYS)")
@@ -289,6 +293,30 @@ def _backup(args, ctx):
             "integrity": result.integrity}
     return data, [f"backup written to {result.path} ({result.bytes} bytes, schema version "
                   f"{result.user_version}, integrity {result.integrity})"]
+
+
+@command("migrate-to-postgres")
+def _migrate_to_postgres(args, ctx):
+    from storage.postgres import PostgresDatabase, redact
+    from storage.transfer import migrate_to_postgres
+
+    url = args.to or ctx.config.database_url
+    if not url or not url.startswith(("postgresql://", "postgres://")):
+        raise CliError("migrate-to-postgres needs --to postgresql://... (or TALLY_DATABASE_URL)")
+    source = ctx.config.db_path
+    if not os.path.isfile(source):
+        raise CliError(f"no database at {source}")
+    result = migrate_to_postgres(Database(source, busy_timeout_ms=ctx.config.busy_timeout_ms),
+                                 PostgresDatabase(url, busy_timeout_ms=ctx.config.busy_timeout_ms))
+    data = {"from": source, "to": redact(url), "rows": result.rows, "tables": result.tables,
+            "skipped": result.skipped}
+    lines = [f"copied {result.rows} rows in {len(result.tables)} tables from {source}"
+             f" to {redact(url)}"]
+    lines += table([{"table": t, "rows": n} for t, n in result.tables.items()], ["table", "rows"])
+    if result.skipped:
+        lines.append(f"not copied (no such table in PostgreSQL): {', '.join(result.skipped)}")
+    lines.append("point Tally at it with TALLY_DATABASE_URL and restart")
+    return data, lines
 
 
 @command("prune")
