@@ -32,3 +32,18 @@ def counted_by_month(name: str, ts: str = "e.ts") -> str:
     return (f"{month} AS month, count(*),"
             f" count(*) FILTER (WHERE {ts} < {start} + ?),"
             f" count(*) FILTER (WHERE {ts} >= {end} - ?)")
+
+
+# SQLite's CAST(text AS INTEGER): the integer that leading blanks, a sign and digits spell,
+# clamped to 64 bits; 0 when there are none. PostgreSQL's CAST refuses such text instead.
+_INTEGER_OF_TEXT = {
+    "sqlite": "CAST({text} AS INTEGER)",
+    "postgres": "CAST(LEAST(GREATEST(coalesce(CAST(substring({text}"
+                " FROM '^[ \\t\\n\\v\\f\\r]*([+-]?[0-9]+)') AS NUMERIC), 0),"
+                " -9223372036854775808), 9223372036854775807) AS BIGINT)",
+}
+
+
+def integer_of_text(name: str, text: str) -> str:
+    """The integer SQLite's CAST(`text` AS INTEGER) gives, in dialect `name`."""
+    return _INTEGER_OF_TEXT[name].format(text=text)

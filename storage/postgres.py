@@ -140,6 +140,9 @@ _JSON_LIST_TABLE = re.compile(
 _JSON_LIST = re.compile(r"\bjson_each\s*\(\s*\?(\d*)\s*\)", re.IGNORECASE)
 _INSERT_OR_IGNORE = re.compile(r"\bINSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
 _RETURNING = re.compile(r"\bRETURNING\b", re.IGNORECASE)
+_LITERAL = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
+# lower() and upper() change only ASCII letters in SQLite; under COLLATE "C" the same here.
+_CASE_MAPPING = re.compile(_LITERAL.pattern + r"|\b(?:lower|upper)\s*\(", re.IGNORECASE)
 _RENAMED_FUNCTIONS = (
     (re.compile(r"\binstr\s*\(", re.IGNORECASE), "strpos("),
     (re.compile(r"\bjson_each\s*\(", re.IGNORECASE), "tally_json_each("),
@@ -182,6 +185,7 @@ def translate(sql: str) -> Translation:
         lambda m: f"(?{m.group(1)}@isnull = {0 if m.group(2) else 1})", text)
     text = _TOKEN.sub(replace, text)
     text = _respell_scalar_extremes(text)
+    text = _respell_case_mapping(text)
     if _INSERT_OR_IGNORE.search(text):
         text = _INSERT_OR_IGNORE.sub("INSERT INTO", text)
         returning = _RETURNING.search(text)
@@ -229,6 +233,26 @@ def _respell_scalar_extremes(text: str) -> str:
             out.append(text[start:match.start()] + name)
             start = match.end()
     return "".join(out) + text[start:]
+
+
+def _respell_case_mapping(text: str) -> str:
+    """lower(x) and upper(x) become lower((x) COLLATE "C") and upper((x) COLLATE "C")."""
+    inserts = []
+    for match in _CASE_MAPPING.finditer(text):
+        if match.group(0)[0] in "'\"":
+            continue
+        depth, i = 1, match.end()
+        while depth and i < len(text):
+            literal = _LITERAL.match(text, i)
+            if literal:
+                i = literal.end()
+                continue
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        inserts += [(match.end(), "("), (i - 1, ') COLLATE "C"')]
+    for at, piece in sorted(inserts, reverse=True):
+        text = text[:at] + piece + text[at:]
+    return text
 
 
 # --- errors ---------------------------------------------------------------------------------
