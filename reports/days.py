@@ -39,14 +39,14 @@ SESSION_DIMENSIONS = {"channel": "channel", "source": "source", "entry_page": "e
 DIMENSIONS = (*SESSION_DIMENSIONS, *EVENT_DIMENSIONS)
 
 _EVENT_TOTALS = (
-    "SELECT coalesce(sum(name = 'pageview'), 0), coalesce(sum(name <> 'pageview'), 0)"
+    "SELECT count(*) FILTER (WHERE name = 'pageview'), count(*) FILTER (WHERE name <> 'pageview')"
     " FROM events WHERE site_id = ? AND ts >= ? AND ts < ? AND name <> '$identify'"
 )
 # Visitors are counted over sessions (a quarter of the rows of events, so half the time of
 # a distinct count over events); a visit that crosses midnight counts on the day it began.
 _SESSION_TOTALS = (
     "SELECT count(DISTINCT visitor_id), count(*),"
-    " coalesce(sum(pageviews = 1 AND custom_events = 0), 0),"
+    " count(*) FILTER (WHERE pageviews = 1 AND custom_events = 0),"
     " coalesce(sum(last_seen_at - started_at), 0)"
     " FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
 )
@@ -60,7 +60,7 @@ def _event_values_sql(column: str) -> str:
     # sql-safe: column comes from the fixed mapping EVENT_DIMENSIONS, values stay parameters
     return (
         f"SELECT {column}, count(DISTINCT visitor_id),"  # noqa: S608 - fixed column
-        " sum(name = 'pageview'), sum(name <> 'pageview')"
+        " count(*) FILTER (WHERE name = 'pageview'), count(*) FILTER (WHERE name <> 'pageview')"
         " FROM events WHERE site_id = ? AND ts >= ? AND ts < ? AND name <> '$identify'"
         + (" AND name <> 'pageview'" if column == "name" else "")
         + f" GROUP BY {column}"  # sql-safe: fixed column from EVENT_DIMENSIONS
@@ -171,12 +171,9 @@ class TrafficDays:
         first, last = _day_bounds(period)
         bounds = (self.site_id, by, first, last)
         # One read transaction: the stored days and their values from the same snapshot.
-        self.conn.execute("BEGIN")
-        try:
-            stored_days = {row[0] for row in self.conn.execute(_STORED_DIMENSION_DAYS, bounds)}
-            stored = [BreakdownCount(*row) for row in self.conn.execute(_STORED_VALUES, bounds)]
-        finally:
-            self.conn.execute("COMMIT")
+        with self.db.snapshot(self.conn) as conn:
+            stored_days = {row[0] for row in conn.execute(_STORED_DIMENSION_DAYS, bounds)}
+            stored = [BreakdownCount(*row) for row in conn.execute(_STORED_VALUES, bounds)]
 
         def store(conn: sqlite3.Connection, day: int, counts: list[BreakdownCount]) -> None:
             if conn.execute(_STORE_DIMENSION, (self.site_id, day, by)).rowcount:

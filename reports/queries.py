@@ -33,13 +33,14 @@ from vocabulary import UNATTRIBUTED
 # A customer's first-touch channel is that of its first-touch session (storage.sessions);
 # no such session means Unattributed.
 # Payments alike (same customer, kind, currency, amount and fee: a subscription's monthly
-# charges) come as one row with their count, so Python adds up far fewer rows.
+# charges) come as one row with their count, so Python adds up far fewer rows. The channel
+# is the customer's, so grouping by it too adds no row.
 _REVENUE_PAYMENTS = (
     "SELECT p.customer_id, p.kind, p.currency, p.amount, p.fee, count(*), fs.channel"  # noqa: S608 - fixed alias
     " FROM payments p"
     + first_touch_join("p")  # sql-safe: a fixed alias
     + " WHERE p.site_id = ? AND p.paid_at_ms >= ? AND p.paid_at_ms < ? AND p.status = 'succeeded'"
-    " GROUP BY p.customer_id, p.kind, p.currency, p.amount, p.fee"
+    " GROUP BY p.customer_id, p.kind, p.currency, p.amount, p.fee, fs.channel"
 )
 
 # Each subscription's latest observation before an instant (on a tie, the one stored
@@ -95,14 +96,14 @@ _HISTORY_OBSERVATIONS = (
     " o.interval, o.plan, o.started_at_ms, o.ended_at_ms"
     # CROSS JOIN keeps the list outermost: a seek per subscription, then one sort.
     " FROM json_each(?2) j CROSS JOIN subscription_observations o"
-    " ON o.site_id = ?1 AND o.subscription_id = j.value"
+    " WHERE o.site_id = ?1 AND o.subscription_id = j.value"
     " ORDER BY o.effective_at_ms, o.id"
 )
 _HISTORY_CHARGES = (
     "SELECT p.subscription_id, p.currency, p.amount, p.paid_at_ms, p.kind, p.status"
     " FROM json_each(?2) j CROSS JOIN payments p"
-    " ON p.site_id = ?1 AND p.subscription_id = j.value"
-    " WHERE p.kind = 'charge' AND p.status = 'succeeded'"
+    " WHERE p.site_id = ?1 AND p.subscription_id = j.value"
+    " AND p.kind = 'charge' AND p.status = 'succeeded'"
     " ORDER BY p.paid_at_ms, p.id"
 )
 

@@ -15,6 +15,7 @@ from reports.mrr_series import values_at_instants
 from reports.queries import SqlSubscriptions
 from reports.revenue import PaymentRow
 from reports.timeseries import RevenuePayment
+from storage.dialect import dialect, integer_of_text
 from storage.sessions import first_touch_join
 
 # Each customer's first-touch session, and that session's first event (its earliest, a
@@ -119,9 +120,9 @@ def revenue_rows(conn: sqlite3.Connection, site_id: int, t0: int, t1: int) -> li
 # did a custom event in [t0, t1): (event name, customer id). The linked visitors' sessions
 # come from session_visitors, and each session's events from a seek in events_site_ts over
 # the session's own time span, so only the customers' visits are read, not the range.
-_CONVERTED_CUSTOMERS = (
-    "WITH linked (customer_id, visitor_id) AS ("
-    " SELECT customer_id, CAST(visitor_id AS INTEGER) FROM customers"
+_CONVERTED_CUSTOMERS = {name: (
+    "WITH linked (customer_id, visitor_id) AS ("  # noqa: S608 - fixed fragments by dialect
+    f" SELECT customer_id, {integer_of_text(name, 'visitor_id')} FROM customers"
     "  WHERE site_id = ?1 AND visitor_id IS NOT NULL"
     " UNION"
     " SELECT c.customer_id, vi.visitor_id FROM customers c"
@@ -129,19 +130,21 @@ _CONVERTED_CUSTOMERS = (
     "  WHERE c.site_id = ?1)"
     " SELECT DISTINCT e.name, l.customer_id"
     " FROM linked l"
-    " CROSS JOIN session_visitors sv ON sv.site_id = ?1 AND sv.visitor_id = l.visitor_id"
-    " CROSS JOIN sessions s ON s.id = sv.session_id"
-    " CROSS JOIN events e ON e.site_id = ?1 AND e.ts >= max(s.started_at, ?2)"
-    "  AND e.ts <= min(s.last_seen_at, ?3 - 1) AND e.session_id = s.id"
-    " WHERE s.last_seen_at >= ?2 AND s.started_at < ?3"
+    " CROSS JOIN session_visitors sv CROSS JOIN sessions s CROSS JOIN events e"
+    " WHERE sv.site_id = ?1 AND sv.visitor_id = l.visitor_id"
+    " AND s.id = sv.session_id"
+    " AND e.site_id = ?1 AND e.ts >= max(s.started_at, ?2)"
+    " AND e.ts <= min(s.last_seen_at, ?3 - 1) AND e.session_id = s.id"
+    " AND s.last_seen_at >= ?2 AND s.started_at < ?3"
     " AND e.name <> 'pageview' AND e.name <> '$identify'"
-)
+) for name in ("sqlite", "postgres")}
 
 
 def converted_customers(conn: sqlite3.Connection, site_id: int, t0: int,
                         t1: int) -> dict[str, set[str]]:
     result: dict[str, set[str]] = {}
-    for name, customer in conn.execute(_CONVERTED_CUSTOMERS, (site_id, t0, t1)):
+    for name, customer in conn.execute(_CONVERTED_CUSTOMERS[dialect(conn)],
+                                        (site_id, t0, t1)):
         result.setdefault(name, set()).add(customer)
     return result
 

@@ -140,8 +140,8 @@ class Segment:
         pageviews = events = 0
         if not by_sessions:
             pageviews, events = conn.execute(
-                "SELECT coalesce(sum(e.name = 'pageview'), 0),"
-                " coalesce(sum(e.name <> 'pageview'), 0)"
+                "SELECT count(*) FILTER (WHERE e.name = 'pageview'),"
+                " count(*) FILTER (WHERE e.name <> 'pageview')"
                 + self.events_from,  # sql-safe: built from fixed fragments in __init__
                 (site_id, t0, t1, *self.events_params)).fetchone()
         goal_join = self.goal_sql or ""
@@ -149,7 +149,7 @@ class Segment:
                         " coalesce(sum(g.n), 0)") if self.goal_sql else ", 0, 0"
         row = conn.execute(
             "SELECT count(DISTINCT s.visitor_id), count(*),"  # noqa: S608 - fixed fragments
-            " coalesce(sum(s.pageviews = 1 AND s.custom_events = 0), 0),"
+            " count(*) FILTER (WHERE s.pageviews = 1 AND s.custom_events = 0),"
             " coalesce(sum(s.last_seen_at - s.started_at), 0)" + goal_columns
             + ", coalesce(sum(s.pageviews), 0), coalesce(sum(s.custom_events), 0)"
             + " FROM sessions s" + goal_join + self.sessions_where,  # sql-safe: fixed fragments
@@ -182,13 +182,14 @@ class Segment:
                     ", count(DISTINCT CASE WHEN e.visitor_id IN (SELECT e2.visitor_id FROM events e2"  # noqa: S608 - fixed fragments
                     " WHERE e2.site_id = ? AND e2.ts >= ? AND e2.ts < ? AND "
                     + _GOAL_CLAUSES[self.goal.kind].replace("e.", "e2.")
-                    + ") THEN e.visitor_id END), coalesce(sum("
-                    + _GOAL_CLAUSES[self.goal.kind].replace(" = ?", " IS ?") + "), 0)")
+                    + ") THEN e.visitor_id END), count(*) FILTER (WHERE "
+                    + _GOAL_CLAUSES[self.goal.kind] + ")")
                 goal_params = (site_id, t0, t1 + DAY_MS, self.goal.name, self.goal.name)
             rows = conn.execute(
                 # sql-safe: column from the fixed mapping; the rest fixed fragments
                 f"SELECT {column}, count(DISTINCT e.visitor_id),"  # noqa: S608 - fixed column
-                " sum(e.name = 'pageview'), sum(e.name <> 'pageview')" + goal_columns
+                " count(*) FILTER (WHERE e.name = 'pageview'),"
+                " count(*) FILTER (WHERE e.name <> 'pageview')" + goal_columns
                 + self.events_from  # sql-safe: fixed fragments
                 + (" AND e.name <> 'pageview'" if by == "event" else "")
                 + f" GROUP BY {column}",  # sql-safe: fixed column

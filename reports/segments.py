@@ -131,12 +131,9 @@ class SegmentDays(TrafficDays):
     def values(self, period: DateRange, by: str) -> list[SegmentCount]:
         first, last = _day_bounds(period)
         bounds = (self.site_id, self.key, by, first, last)
-        self.conn.execute("BEGIN")
-        try:
-            stored_days = {row[0] for row in self.conn.execute(_STORED_DIMENSION_DAYS, bounds)}
-            stored = [SegmentCount(*row) for row in self.conn.execute(_STORED_VALUES, bounds)]
-        finally:
-            self.conn.execute("COMMIT")
+        with self.db.snapshot(self.conn) as conn:
+            stored_days = {row[0] for row in conn.execute(_STORED_DIMENSION_DAYS, bounds)}
+            stored = [SegmentCount(*row) for row in conn.execute(_STORED_VALUES, bounds)]
 
         def store(conn: sqlite3.Connection, day: int, counts: list[SegmentCount]) -> None:
             if not self._registered(conn):
