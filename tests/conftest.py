@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -99,19 +100,28 @@ def config_for(db: str, **settings) -> Config:
     return Config(db_path=db, **settings)
 
 
-@pytest.fixture
-def postgres_schema():
-    """A URL for a new, empty schema on the test server, dropped after the test."""
+@contextmanager
+def new_postgres_schema():
+    """A URL for a new, empty schema on the test server, dropped on leaving."""
     admin = postgres_admin()
     name = f"tally_t_{uuid.uuid4().hex[:12]}"
     admin.execute(f'CREATE SCHEMA "{name}"')
     separator = "&" if "?" in POSTGRES_URL else "?"
-    yield f"{POSTGRES_URL}{separator}options={quote(f'-csearch_path={name}')}"
     try:
-        admin.execute("SET lock_timeout = '10s'")
-        admin.execute(f'DROP SCHEMA "{name}" CASCADE')
+        yield f"{POSTGRES_URL}{separator}options={quote(f'-csearch_path={name}')}"
     finally:
-        admin.close()
+        try:
+            admin.execute("SET lock_timeout = '10s'")
+            admin.execute(f'DROP SCHEMA "{name}" CASCADE')
+        finally:
+            admin.close()
+
+
+@pytest.fixture
+def postgres_schema():
+    """A URL for a new, empty schema on the test server, dropped after the test."""
+    with new_postgres_schema() as url:
+        yield url
 
 
 @pytest.fixture
@@ -202,6 +212,34 @@ def _postgres_rows(url: str, sql: str, params) -> list[dict]:
         cursor = conn.execute(sql, params)
         names = [column.name for column in cursor.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    finally:
+        conn.close()
+
+
+def connect(db: str):
+    """A connection of the test's own, in autocommit, for reads and writes around Tally:
+    sqlite3's, or storage's PostgresConnection (SQLite's spelling translated)."""
+    if is_postgres(db):
+        from storage.postgres import PostgresDatabase
+
+        return PostgresDatabase(db).connect()
+    return sqlite3.connect(db, isolation_level=None)
+
+
+def delete_unchecked(db: str, *tables: str) -> None:
+    """Delete every row of `tables` with foreign keys unchecked, as a hand going around
+    Tally would: rows that refer to them are left dangling."""
+    conn = connect(db)
+    try:
+        if is_postgres(db):
+            conn.execute("BEGIN")
+            conn.raw.execute("SET LOCAL session_replication_role = replica")
+        else:
+            conn.execute("PRAGMA foreign_keys = OFF")
+            conn.execute("BEGIN")
+        for table in tables:
+            conn.execute(f"DELETE FROM {table}")  # noqa: S608 - a test's own table names
+        conn.execute("COMMIT")
     finally:
         conn.close()
 

@@ -8,7 +8,6 @@ chosen instants.
 from __future__ import annotations
 
 import json
-import sqlite3
 from datetime import date
 from decimal import Decimal
 
@@ -17,7 +16,7 @@ import pytest
 from reports import days
 from reports.days import DIMENSIONS
 from reports.params import DateRange
-from tests.conftest import bearer
+from tests.conftest import WriteLock, bearer, connect, delete_unchecked
 
 DAY = 86_400
 FIRST_DAY = 1_789_948_800  # 2026-09-21T00:00:00Z
@@ -49,8 +48,10 @@ def traffic(client, tally, site, clock, db_path):
                          status=204)
         assert tally.flusher.flush_now(timeout=30)
 
+    conn = connect(db_path)
+
     class Traffic:
-        db = sqlite3.connect(db_path)
+        db = conn
 
         def get(self, path, at):
             clock.set(at)
@@ -60,7 +61,8 @@ def traffic(client, tally, site, clock, db_path):
         def stored_days(self):
             return [r[0] for r in self.db.execute("SELECT day FROM traffic_days ORDER BY day")]
 
-    return Traffic()
+    yield Traffic()
+    conn.close()
 
 
 def rows(data):
@@ -95,15 +97,12 @@ def test_final_days_are_stored_and_give_the_live_figures(traffic):
     assert stored_dimensions == [("channel",), ("page",)]
 
 
-def test_stored_days_are_read_not_recounted(traffic):
+def test_stored_days_are_read_not_recounted(traffic, db_path):
     later = FIRST_DAY + 9 * DAY
     traffic.get(f"/api/v1/stats/aggregate?{RANGE}", later)
     traffic.get(f"/api/v1/stats/breakdown?by=page&{RANGE}", later)
     # Were the events counted again, removing them would change the figures.
-    traffic.db.execute("PRAGMA foreign_keys = OFF")
-    traffic.db.execute("DELETE FROM events")
-    traffic.db.execute("DELETE FROM sessions")
-    traffic.db.commit()
+    delete_unchecked(db_path, "events", "sessions")
     assert traffic.get(f"/api/v1/stats/aggregate?{RANGE}", later) == EXPECTED_AGGREGATE
     assert rows(traffic.get(f"/api/v1/stats/breakdown?by=page&{RANGE}", later)) == EXPECTED_PAGES
     # A dimension never asked for was not stored: it is counted from what is left.
@@ -115,7 +114,6 @@ def test_a_day_with_an_open_session_is_not_stored(traffic):
     on_day_2 = FIRST_DAY + 2 * DAY + 6 * 3600
     traffic.db.execute("UPDATE sessions SET last_seen_at = ? WHERE started_at < ?",
                        ((on_day_2 - 3600) * 1000, (FIRST_DAY + DAY) * 1000))
-    traffic.db.commit()
     traffic.get(f"/api/v1/stats/aggregate?{RANGE}", on_day_2)
     assert traffic.stored_days() == []
     traffic.get(f"/api/v1/stats/aggregate?{RANGE}", on_day_2 + 3 * 3600)
@@ -123,15 +121,14 @@ def test_a_day_with_an_open_session_is_not_stored(traffic):
 
 
 def test_a_busy_database_defers_storing_but_answers(traffic, db_path):
-    holder = sqlite3.connect(db_path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
+    holder = WriteLock(db_path)
     try:
         later = FIRST_DAY + 9 * DAY
         assert traffic.get(f"/api/v1/stats/aggregate?{RANGE}", later) == EXPECTED_AGGREGATE
         pages = traffic.get(f"/api/v1/stats/breakdown?by=page&{RANGE}", later)
         assert rows(pages) == EXPECTED_PAGES
     finally:
-        holder.execute("ROLLBACK")
+        holder.release()
     assert traffic.stored_days() == []
     traffic.get(f"/api/v1/stats/aggregate?{RANGE}", later)
     assert len(traffic.stored_days()) == 4

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 from decimal import Decimal
 
 import pytest
 
 from reports import segments
 from reports.traffic import SessionTotals, traffic_aggregate
-from tests.conftest import bearer
+from tests.conftest import bearer, connect, delete_unchecked
 
 DAY = 86_400
 FIRST_DAY = 1_789_948_800  # 2026-09-21T00:00:00Z
@@ -90,8 +89,11 @@ def site_traffic(client, tally, site, clock, db_path):
                          status=204)
         assert tally.flusher.flush_now(timeout=30)
 
+    conn = connect(db_path)
+
     class Traffic:
-        db = sqlite3.connect(db_path)
+        db = conn
+        url = db_path
 
         def get(self, path, at=FIRST_DAY + 2 * DAY + 18 * 3600, status=200):
             clock.set(at)
@@ -102,7 +104,8 @@ def site_traffic(client, tally, site, clock, db_path):
         def data(self, path, **kwargs):
             return self.get(path, **kwargs)["data"]
 
-    return Traffic()
+    yield Traffic()
+    conn.close()
 
 
 # Filters as the API takes them, and as Python predicates over (visit, event).
@@ -339,10 +342,7 @@ def test_final_days_of_a_segment_are_stored_and_read_back(site_traffic):
     stored = site_traffic.db.execute(
         "SELECT segment, count(*) FROM traffic_segment_days GROUP BY segment").fetchall()
     assert stored == [("source==Google#goal=signup", 3)]
-    site_traffic.db.execute("PRAGMA foreign_keys = OFF")
-    site_traffic.db.execute("DELETE FROM events")
-    site_traffic.db.execute("DELETE FROM sessions")
-    site_traffic.db.commit()
+    delete_unchecked(site_traffic.url, "events", "sessions")
     assert site_traffic.data(path, at=later) == first
     assert site_traffic.data(pages, at=later) == first_pages
     assert site_traffic.data(f"/api/v1/stats/aggregate?{RANGE}&filters=source==Bing",
@@ -424,8 +424,5 @@ def test_hours_of_final_days_are_stored_and_read_back(site_traffic):
         "SELECT count(*) FROM traffic_segment_days WHERE segment = ?",
         ("source==Google\x1fhour",)).fetchone()
     assert stored == (72,)
-    site_traffic.db.execute("PRAGMA foreign_keys = OFF")
-    site_traffic.db.execute("DELETE FROM events")
-    site_traffic.db.execute("DELETE FROM sessions")
-    site_traffic.db.commit()
+    delete_unchecked(site_traffic.url, "events", "sessions")
     assert site_traffic.data(path, at=later) == first

@@ -9,6 +9,7 @@ SubscriptionHistory built from every stored row.
 from __future__ import annotations
 
 import itertools
+from contextlib import ExitStack
 from datetime import date
 from decimal import Decimal
 
@@ -22,25 +23,31 @@ from reports.params import DateRange
 from storage.db import Database
 from storage.directory import Directory
 from storage.payments import PaymentStore
-from tests.conftest import FakeClock, counting_bytes
+from storage.postgres import PostgresDatabase
+from tests.conftest import BACKENDS, FakeClock, counting_bytes, new_postgres_schema
 from validation.payment import validate_payment
 
 PERIOD = DateRange(date(2026, 1, 15), date(2026, 4, 10))
 DAYS = [f"2026-{m:02d}-{d:02d}" for m in (1, 2, 3, 4) for d in (1, 9, 14, 15, 28)]
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    db = Database(str(tmp_path_factory.mktemp("sql") / "tally.db"))
-    directory = Directory(db, FakeClock(), counting_bytes())
-    account = directory.create_account("A", "free")
-    sites = itertools.count()
+@pytest.fixture(scope="module", params=BACKENDS)
+def store(request, tmp_path_factory):
+    with ExitStack() as stack:
+        if request.param == "postgres":
+            db = PostgresDatabase(stack.enter_context(new_postgres_schema()))
+        else:
+            db = Database(str(tmp_path_factory.mktemp("sql") / "tally.db"))
+        stack.callback(db.close)
+        directory = Directory(db, FakeClock(), counting_bytes())
+        account = directory.create_account("A", "free")
+        sites = itertools.count()
 
-    def new_site() -> int:
-        public_id = directory.create_site(account["id"], [f"s{next(sites)}.example"])["id"]
-        return directory.find_site(public_id).id
+        def new_site() -> int:
+            public_id = directory.create_site(account["id"], [f"s{next(sites)}.example"])["id"]
+            return directory.find_site(public_id).id
 
-    return db, PaymentStore(db, FakeClock()), new_site
+        yield db, PaymentStore(db, FakeClock()), new_site
 
 
 def stamp(day: str, hour: int) -> str:
