@@ -187,6 +187,21 @@ def cli_json(*args: str, db: str, env: dict | None = None) -> dict:
     return orjson.loads(run_cli(*args, "--json", db=db, env=env).stdout)
 
 
+def copy_database(source: str, target: str) -> str:
+    """A copy of the SQLite file `source` as the database `target` (a path or a URL):
+    SQLite's backup, or `tally migrate-to-postgres`'s copy. Returns `target`."""
+    if is_postgres(target):
+        from storage.db import Database
+        from storage.postgres import PostgresDatabase
+        from storage.transfer import migrate_to_postgres
+
+        migrate_to_postgres(Database(source), PostgresDatabase(target))
+    else:
+        with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
+            src.backup(dst)
+    return target
+
+
 def _without_database(env) -> dict:
     return {k: v for k, v in env.items() if k not in ("TALLY_DB", "TALLY_DATABASE_URL")}
 

@@ -16,7 +16,7 @@ from app import create_app
 from config import Config
 from dashboard.web import FAILED_LOGIN_LIMIT, PAGE_ROUTES, SESSION_SECONDS
 from tests import dashboard_seed as seed
-from tests.conftest import FakeClock, bearer, cli_json, rows, run_cli
+from tests.conftest import FakeClock, bearer, cli_json, config_for, copy_database, rows, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +32,12 @@ def world_db(tmp_path_factory):
 
 
 @pytest.fixture
-def world(world_db, tmp_path):
+def world(world_db, db_path):
+    """The module's world in the test's own database, on either backend."""
     source, world, now = world_db
-    db = str(tmp_path / "tally.db")
-    import sqlite3
-    with sqlite3.connect(source) as src, sqlite3.connect(db) as dst:
-        src.backup(dst)
+    db = copy_database(source, db_path)
     clock = FakeClock(now)
-    tally = create_app(Config(db_path=db), clock=clock)
+    tally = create_app(config_for(db), clock=clock)
     yield {**world, "db": db, "clock": clock, "tally": tally,
            "client": webtest.TestApp(tally)}
     tally.stop(timeout=5)
@@ -119,7 +117,7 @@ def test_the_login_form_and_a_hashed_expiring_session(world):
 
 
 def test_cookies_are_secure_when_the_public_url_is_https(world):
-    tally = create_app(Config(db_path=world["db"], public_url="https://tally.example.com"),
+    tally = create_app(config_for(world["db"], public_url="https://tally.example.com"),
                        clock=world["clock"])
     client = webtest.TestApp(tally, extra_environ={"wsgi.url_scheme": "https",
                                                    "HTTP_HOST": "tally.example.com"})
