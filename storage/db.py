@@ -81,6 +81,8 @@ class Database:
     dialect = "sqlite"
 
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout_ms: int = BUSY_TIMEOUT_MS):
+        if path.startswith(("postgresql://", "postgres://")):
+            raise ValueError("a PostgreSQL URL is not a SQLite file: use storage.backend.open_database")
         self.path = path
         self.synchronous = synchronous
         self.busy_timeout_ms = int(busy_timeout_ms)
