@@ -227,7 +227,8 @@ class Flusher:
             quota.end_commit(batch.usage, batch.usage_totals)
 
     def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
+        # A PostgreSQL connection the server dropped is closed; a new one is made.
+        if self._conn is None or getattr(self._conn, "closed", False):
             self._conn = self.db.connect(busy_timeout_ms=self.busy_timeout_ms)
         return self._conn
 

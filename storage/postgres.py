@@ -276,8 +276,13 @@ def is_transient(exc: BaseException) -> bool:
         None, "08000", "08003", "08006", "08001", "08004", "57P01", "57P02", "57P03")
 
 
+def one_line(exc: BaseException) -> str:
+    """libpq's messages span lines ("...\n\tIs the server running"): one line for logs."""
+    return " ".join(str(exc).split())
+
+
 def storage_error(exc: psycopg.Error) -> StorageError:
-    return StorageBusy(str(exc)) if is_transient(exc) else StorageError(str(exc))
+    return StorageBusy(one_line(exc)) if is_transient(exc) else StorageError(one_line(exc))
 
 
 # --- connections ----------------------------------------------------------------------------
@@ -377,7 +382,7 @@ class PostgresConnection:
 
 def _connect(url: str, lock_timeout_ms: int) -> PostgresConnection:
     raw = psycopg.connect(url, autocommit=True, connect_timeout=max(1, lock_timeout_ms // 1000),
-                          prepare_threshold=None)
+                          prepare_threshold=None, application_name="tally")
     _adapt(raw)
     # lock_timeout bounds the wait for the write lock (BEGIN IMMEDIATE) and for row locks;
     # SQLite's busy_timeout is the same bound. UTC keeps any date function deterministic.
@@ -484,7 +489,7 @@ class PostgresDatabase:
             finally:
                 conn.close()
         except (psycopg.Error, StorageError) as exc:
-            raise StorageError(f"cannot open database {self.location}: {exc}") from exc
+            raise StorageError(f"cannot open database {self.location}: {one_line(exc)}") from exc
 
     def _ensure_schema(self, conn: PostgresConnection) -> None:
         if self._schema_pid == os.getpid():
