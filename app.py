@@ -75,7 +75,7 @@ class Tally:
         media.install(self.wsgi)
         errors.install(self.wsgi)
         self.wsgi.add_middleware(RequestMetrics())
-        self.wsgi.add_route("/metrics", MetricsResource(config.metrics_token, config.db_path))
+        self.wsgi.add_route("/metrics", MetricsResource(config.metrics_token, db))
         self.wsgi.add_route("/healthz", Health(db))
         self.wsgi.add_route("/api/v1/key", CurrentKey(self.auth))
         self.events = build_events(config, db, self.auth, self.directory, clock, random_bytes)

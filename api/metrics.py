@@ -1,13 +1,13 @@
 """GET /metrics in Prometheus text format, and the middleware that counts requests.
 
 Off (404) unless TALLY_METRICS_TOKEN is set; then it requires `Authorization: Bearer
-<token>`. Database and WAL sizes are read from the files at each scrape.
+<token>`. Database and WAL sizes are read at each scrape (SQLite: the files; PostgreSQL:
+its tables and indexes, and no WAL of Tally's own).
 """
 
 from __future__ import annotations
 
 import hmac
-import os
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, values
@@ -22,24 +22,25 @@ REPORT_ROUTES = "/api/v1/stats/"
 
 
 class DatabaseSizes:
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, db):
+        self.db = db
 
     def collect(self):
-        for name, path, help_text in (
-                ("tally_database_size_bytes", self.path, "Size of the SQLite database file."),
-                ("tally_wal_size_bytes", self.path + "-wal", "Size of its write-ahead log.")):
-            try:
-                size = os.stat(path).st_size
-            except OSError:
-                size = 0
-            yield GaugeMetricFamily(name, help_text, value=size)
+        try:
+            database, wal = self.db.size_bytes()
+        except Exception:  # noqa: BLE001 - a scrape reports what it can; the database may be down
+            database, wal = 0, 0
+        yield GaugeMetricFamily("tally_database_size_bytes",
+                                "Size of the database (SQLite file, or PostgreSQL tables and indexes).",
+                                value=database)
+        yield GaugeMetricFamily("tally_wal_size_bytes", "Size of SQLite's write-ahead log.",
+                                value=wal)
 
 
 class MetricsResource:
-    def __init__(self, token: str | None, db_path: str):
+    def __init__(self, token: str | None, db):
         self.token = token.encode() if token else None
-        self.sizes = DatabaseSizes(db_path)
+        self.sizes = DatabaseSizes(db)
 
     def on_get(self, req, resp):
         if self.token is None:

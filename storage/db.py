@@ -125,6 +125,16 @@ class Database:
             local.pid = os.getpid()
         return local.conn
 
+    def size_bytes(self) -> tuple[int, int]:
+        """(database file, write-ahead log) in bytes; 0 for a file not there."""
+        sizes = []
+        for path in (self.path, self.path + "-wal"):
+            try:
+                sizes.append(os.stat(path).st_size)
+            except OSError:
+                sizes.append(0)
+        return sizes[0], sizes[1]
+
     def ping(self) -> None:
         """One trivial query: raises when the database cannot be read."""
         self.conn().execute("SELECT 1").fetchone()

@@ -439,6 +439,14 @@ class PostgresDatabase:
             local.pid = os.getpid()
         return local.conn
 
+    def size_bytes(self) -> tuple[int, int]:
+        """(Tally's tables with their indexes and TOAST, 0): the WAL is the server's, shared."""
+        row = self.conn().execute(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+            " WHERE c.relkind = 'r' AND c.relnamespace ="
+            " (SELECT oid FROM pg_namespace WHERE nspname = current_schema())").fetchone()
+        return int(row[0]), 0
+
     def ping(self) -> None:
         try:
             self.conn().execute("SELECT 1").fetchone()
