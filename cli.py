@@ -10,7 +10,6 @@ import argparse
 import getpass
 import os
 import re
-import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -257,18 +256,20 @@ def _cell(value) -> str:
 @command("init")
 def _init(args, ctx):
     ctx.db.check_startup()
-    return {"db": ctx.db.location, "ok": True}, [f"database ready at {ctx.db.location}"]
+    version = ctx.db.schema_version()
+    return ({"db": ctx.db.location, "ok": True, "schema_version": version},
+            [f"database ready at {ctx.db.location} (schema version {version})"])
 
 
 @command("check")
 def _check(args, ctx):
-    path = ctx.config.db_path
-    if not os.path.isfile(path):
-        raise CliError(f"no database at {path}")
+    location = ctx.db.location
+    if not ctx.db.exists():
+        raise CliError(f"no database at {location}")
     try:
         report = run_checks(ctx.db.conn(), usage_mismatches)
-    except sqlite3.DatabaseError as exc:
-        raise CliError(f"database {path} cannot be checked: {exc}") from None
+    except ctx.db.DatabaseError as exc:
+        raise CliError(f"database {location} cannot be checked: {exc}") from None
     lines = [f"integrity: {'ok' if not report.integrity else '; '.join(report.integrity[:20])}",
              f"foreign key violations: {report.foreign_keys}"]
     if not report.usage_checked:

@@ -32,6 +32,28 @@ TABLES = {
                 " WHERE table_schema = current_schema()",
 }
 
+POSTGRES_INVALID_INDEXES = """
+SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+ WHERE c.relnamespace = current_schema()::regnamespace AND NOT (i.indisvalid AND i.indisready)
+ ORDER BY c.relname
+"""
+# One query per foreign key of Tally's schema, counting the rows whose key has no parent
+# (MATCH SIMPLE: a key with a NULL column refers to nothing). PostgreSQL quotes the names.
+POSTGRES_FOREIGN_KEY_CHECKS = """
+SELECT format('SELECT count(*) FROM %s AS child WHERE %s AND NOT EXISTS'
+              ' (SELECT 1 FROM %s AS parent WHERE %s)',
+              k.conrelid::regclass, string_agg(format('child.%I IS NOT NULL', ca.attname), ' AND '),
+              k.confrelid::regclass,
+              string_agg(format('parent.%I = child.%I', pa.attname, ca.attname), ' AND '))
+  FROM pg_constraint k
+ CROSS JOIN LATERAL unnest(k.conkey, k.confkey) AS pair (child_column, parent_column)
+  JOIN pg_attribute ca ON ca.attrelid = k.conrelid AND ca.attnum = pair.child_column
+  JOIN pg_attribute pa ON pa.attrelid = k.confrelid AND pa.attnum = pair.parent_column
+ WHERE k.contype = 'f' AND k.connamespace = current_schema()::regnamespace
+ GROUP BY k.oid, k.conrelid, k.confrelid
+ ORDER BY k.oid
+"""
+
 
 @dataclass
 class CheckReport:
@@ -69,8 +91,14 @@ def run_checks(conn: sqlite3.Connection, usage_mismatches: UsageCheck) -> CheckR
         rows = [r[0] for r in conn.execute("PRAGMA integrity_check")]
         report.integrity = [] if rows == ["ok"] else rows
         report.foreign_keys = len(conn.execute("PRAGMA foreign_key_check").fetchall())
-    # PostgreSQL enforces its foreign keys always and checks its own pages (data checksums,
-    # amcheck): a server whose storage is damaged fails the queries below.
+    else:
+        # PostgreSQL checks its own pages (data checksums): a server whose storage is damaged
+        # fails the queries below. What it can leave behind is an index a failed (concurrent)
+        # build or reindex left unusable, and rows written with triggers disabled.
+        report.integrity = [f"index {name} is invalid"
+                            for (name,) in conn.execute(POSTGRES_INVALID_INDEXES)]
+        report.foreign_keys = sum(conn.execute(query).fetchone()[0]
+                                  for (query,) in conn.execute(POSTGRES_FOREIGN_KEY_CHECKS))
     if report.integrity:
         return report
     report.dead_letters = deadletters.count(conn) or 0

@@ -11,6 +11,7 @@ import functools
 import os
 import re
 import sqlite3
+import sys
 import threading
 from contextlib import contextmanager
 from importlib.resources import files
@@ -63,11 +64,17 @@ def is_transient_failure(exc: BaseException) -> bool:
     """Whether retrying the same write can succeed (busy, locked, disk full, I/O, ...).
 
     Anything else (a constraint, a datatype, a bug in our code) fails again on retry.
-    Accepts a StorageError raised from a sqlite3.Error (Database.transaction) too.
+    Accepts a StorageError raised from a sqlite3.Error (Database.transaction) too, and
+    PostgreSQL's errors (storage.postgres.is_transient).
     """
     if isinstance(exc, StorageBusy | OSError):
         return True
     error = exc if isinstance(exc, sqlite3.Error) else exc.__cause__
+    postgres = sys.modules.get("storage.postgres")  # loaded when PostgreSQL is the backend
+    if postgres is not None:
+        for failure in (exc, exc.__cause__):
+            if isinstance(failure, postgres.psycopg.Error):
+                return postgres.is_transient(failure)
     if not isinstance(error, sqlite3.Error):
         return False
     code = getattr(error, "sqlite_errorcode", None)
@@ -79,6 +86,7 @@ def is_transient_failure(exc: BaseException) -> bool:
 
 class Database:
     dialect = "sqlite"
+    DatabaseError = sqlite3.DatabaseError
 
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout_ms: int = BUSY_TIMEOUT_MS):
         if path.startswith(("postgresql://", "postgres://")):
@@ -134,6 +142,13 @@ class Database:
             except OSError:
                 sizes.append(0)
         return sizes[0], sizes[1]
+
+    def exists(self) -> bool:
+        """Whether the file is there; connect() would create it."""
+        return self.path != ":memory:" and os.path.isfile(self.path)
+
+    def schema_version(self) -> int:
+        return int(self.conn().execute("PRAGMA user_version").fetchone()[0])
 
     def ping(self) -> None:
         """One trivial query: raises when the database cannot be read."""

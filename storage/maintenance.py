@@ -8,7 +8,10 @@ threads of a running server wait for the write lock at most one batch at a time.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import sqlite3
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,17 +40,34 @@ class BackupResult:
 
 
 def backup(db: Database, destination: str) -> BackupResult:
-    """Copy the database with SQLite's online backup API in one step: one read snapshot, so
-    the copy is consistent while the server goes on writing (WAL readers block no writer).
-    Written beside the destination and renamed into place once checked; never overwrites."""
+    """A consistent copy of the live database, written beside the destination and renamed
+    into place once checked; never overwrites. SQLite: a database file; PostgreSQL: a
+    pg_dump archive of Tally's schema (see _backup_postgres)."""
     target_path = Path(destination)
     if target_path.exists():
         raise MaintenanceError(f"{destination} already exists; give a new file name")
     if not target_path.parent.is_dir():
         raise MaintenanceError(f"no folder {target_path.parent}")
+    partial = target_path.with_name(target_path.name + ".partial")
+    if dialect(db) == "postgres":
+        version, integrity = _backup_postgres(db, partial)
+    else:
+        version, integrity = _backup_sqlite(db, partial)
+    if integrity != "ok":
+        partial.unlink(missing_ok=True)
+        raise MaintenanceError(f"the copy failed its integrity check: {integrity}")
+    with open(partial, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(partial, target_path)
+    _fsync_folder(target_path.parent)
+    return BackupResult(str(target_path), target_path.stat().st_size, version, integrity)
+
+
+def _backup_sqlite(db: Database, partial: Path) -> tuple[int, str]:
+    """SQLite's online backup API in one step: one read snapshot, so the copy is consistent
+    while the server goes on writing (WAL readers block no writer)."""
     if not Path(db.path).is_file():
         raise MaintenanceError(f"no database at {db.path}")
-    partial = target_path.with_name(target_path.name + ".partial")
     partial.unlink(missing_ok=True)
     source = sqlite3.connect(db.path, timeout=db.busy_timeout_ms / 1000)
     try:
@@ -62,14 +82,61 @@ def backup(db: Database, destination: str) -> BackupResult:
             target.close()
     finally:
         source.close()
-    if integrity != "ok":
+    return version, integrity
+
+
+_CURRENT_SCHEMA = "SELECT current_schema()"
+_SCHEMA_TABLES = ("SELECT table_name FROM information_schema.tables"
+                  " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'")
+
+
+def _backup_postgres(db, partial: Path) -> tuple[int, str]:
+    """pg_dump's custom-format archive of Tally's schema (the first of the URL's search_path),
+    taken in one snapshot while the servers write, and read back with pg_restore --list:
+    the copy is checked when the archive lists the data of every table. Restore with
+    pg_restore (README, Backups)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    tools = {name: shutil.which(name) for name in ("pg_dump", "pg_restore")}
+    missing = [name for name, path in tools.items() if path is None]
+    if missing:
+        raise MaintenanceError(
+            f"{' and '.join(missing)} not found: install the PostgreSQL client programs"
+            " (the server's major version or later) to back up a PostgreSQL database")
+    if not db.exists():
+        raise MaintenanceError(f"no database at {db.location}")
+    conn = db.conn()
+    schema_name = conn.execute(_CURRENT_SCHEMA).fetchone()[0]
+    tables = {row[0] for row in conn.execute(_SCHEMA_TABLES)}
+    version = db.schema_version()
+    # The password goes through the environment, never on a command line others can read.
+    parameters = conninfo_to_dict(db.url)
+    environment = dict(os.environ)
+    if parameters.get("password") is not None:
+        environment["PGPASSWORD"] = str(parameters.pop("password"))
+    quoted_schema = '"' + schema_name.replace('"', '""') + '"'  # an exact name, not a pattern
+    partial.unlink(missing_ok=True)
+    dump = subprocess.run(
+        [tools["pg_dump"], "--format=custom", f"--schema={quoted_schema}", "--no-password",
+         f"--lock-wait-timeout={db.busy_timeout_ms}ms", f"--file={partial}",
+         f"--dbname={make_conninfo(**parameters)}"],
+        env=environment, capture_output=True, text=True, check=False)
+    if dump.returncode != 0:
         partial.unlink(missing_ok=True)
-        raise MaintenanceError(f"the copy failed its integrity check: {integrity}")
-    with open(partial, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(partial, target_path)
-    _fsync_folder(target_path.parent)
-    return BackupResult(str(target_path), target_path.stat().st_size, version, integrity)
+        raise MaintenanceError(f"pg_dump failed: {_one_line(dump.stderr)}")
+    listing = subprocess.run([tools["pg_restore"], "--list", str(partial)],
+                             capture_output=True, text=True, check=False)
+    if listing.returncode != 0:
+        return version, f"pg_restore cannot read the archive: {_one_line(listing.stderr)}"
+    dumped = {match.group(1) for match in re.finditer(
+        rf"^\d+; \d+ \d+ TABLE DATA {re.escape(schema_name)} (\S+) ", listing.stdout, re.MULTILINE)}
+    if tables - dumped:
+        return version, f"the archive lacks the rows of {', '.join(sorted(tables - dumped))}"
+    return version, "ok"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())[:500] or "no message"
 
 
 def _fsync_folder(folder: Path) -> None:

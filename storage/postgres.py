@@ -257,23 +257,32 @@ def _respell_case_mapping(text: str) -> str:
 
 # --- errors ---------------------------------------------------------------------------------
 
-# Conditions of the server, the network or other sessions, not of the data written: a
-# retry can succeed. Constraint, data and syntax errors fail again.
-_TRANSIENT = (
+# A lock or connection failure (other sessions, the network, a server restarting): StorageBusy,
+# a 503, as SQLite's busy and locked are.
+_BUSY = (
     pg_errors.LockNotAvailable, pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
-    pg_errors.QueryCanceled, pg_errors.DiskFull, pg_errors.OutOfMemory,
-    pg_errors.InsufficientResources, pg_errors.AdminShutdown, pg_errors.CrashShutdown,
-    pg_errors.CannotConnectNow, pg_errors.TooManyConnections, pg_errors.ReadOnlySqlTransaction,
-    pg_errors.IoError if hasattr(pg_errors, "IoError") else pg_errors.DiskFull,
+    pg_errors.QueryCanceled, pg_errors.AdminShutdown, pg_errors.CrashShutdown,
+    pg_errors.CannotConnectNow, pg_errors.TooManyConnections,
+)
+# The server's resources: a retry can succeed once they are back, so the flush keeps the
+# batch, but a request is answered 500, as SQLite's full disk is (StorageError).
+_RESOURCES = (
+    pg_errors.DiskFull, pg_errors.OutOfMemory, pg_errors.InsufficientResources,
+    pg_errors.IoError, pg_errors.ReadOnlySqlTransaction,
 )
 
 
-def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, _TRANSIENT):
+def is_busy(exc: BaseException) -> bool:
+    if isinstance(exc, _BUSY):
         return True
     # Connection-level failures (refused, reset, server gone) carry no SQLSTATE.
     return isinstance(exc, psycopg.OperationalError) and getattr(exc, "sqlstate", None) in (
         None, "08000", "08003", "08006", "08001", "08004", "57P01", "57P02", "57P03")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying the same write can succeed: constraint, data and syntax errors fail again."""
+    return is_busy(exc) or isinstance(exc, _RESOURCES)
 
 
 def one_line(exc: BaseException) -> str:
@@ -282,7 +291,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def storage_error(exc: psycopg.Error) -> StorageError:
-    return StorageBusy(one_line(exc)) if is_transient(exc) else StorageError(one_line(exc))
+    return StorageBusy(one_line(exc)) if is_busy(exc) else StorageError(one_line(exc))
 
 
 # --- connections ----------------------------------------------------------------------------
@@ -341,7 +350,8 @@ class PostgresConnection:
             return self._pragma(sql)
         statement = translate(sql)
         cursor = self.raw.cursor()
-        cursor.execute(statement.text, statement.arguments(params) or None)
+        # Always with parameters, even none: psycopg then reads the %% the translation wrote as %.
+        cursor.execute(statement.text, statement.arguments(params) or ())
         return PostgresCursor(cursor)
 
     def executemany(self, sql: str, rows) -> PostgresCursor:
@@ -404,6 +414,7 @@ class PostgresDatabase:
     """Connections to one PostgreSQL database, one per thread, schema applied once."""
 
     dialect = "postgres"
+    DatabaseError = psycopg.DatabaseError
 
     def __init__(self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS):
         self.url = url
@@ -446,6 +457,20 @@ class PostgresDatabase:
             " WHERE c.relkind = 'r' AND c.relnamespace ="
             " (SELECT oid FROM pg_namespace WHERE nspname = current_schema())").fetchone()
         return int(row[0]), 0
+
+    def exists(self) -> bool:
+        """Whether Tally's schema is there; connect() would create it."""
+        try:
+            conn = _connect(self.url, self.busy_timeout_ms)
+        except psycopg.Error as exc:
+            raise storage_error(exc) from exc
+        try:
+            return schema_version(conn) > 0
+        finally:
+            conn.close()
+
+    def schema_version(self) -> int:
+        return schema_version(self.conn())
 
     def ping(self) -> None:
         try:

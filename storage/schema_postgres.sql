@@ -95,6 +95,16 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- The bytes of a text as Tally was given it. PostgreSQL text cannot hold U+0000, so
+-- storage/postgres.py writes it as U+E000 '0' and U+E000 itself as U+E000 U+E000: each such
+-- pair is 3 bytes more than the one character it stands for.
+CREATE OR REPLACE FUNCTION tally_sent_octets(value text) RETURNS integer
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT CASE WHEN strpos(value, chr(57344)) = 0 THEN octet_length(value)
+        ELSE octet_length(value) - 3 * (length(value)
+             - length(regexp_replace(value, chr(57344) || '.', '', 'g'))) / 2 END
+$$;
+
 -- Accounts, sites and API keys --------------------------------------------
 
 CREATE TABLE IF NOT EXISTS accounts (
@@ -320,7 +330,7 @@ CREATE INDEX IF NOT EXISTS session_visitors_session ON session_visitors (session
 
 CREATE TABLE IF NOT EXISTS visitor_identities (
     site_id    BIGINT  NOT NULL REFERENCES sites (id),
-    uid        TEXT    NOT NULL CHECK (octet_length(uid) BETWEEN 1 AND 128),
+    uid        TEXT    NOT NULL CHECK (tally_sent_octets(uid) BETWEEN 1 AND 128),
     visitor_id BIGINT  NOT NULL,
     linked_at  BIGINT  NOT NULL,
     PRIMARY KEY (site_id, uid, visitor_id)

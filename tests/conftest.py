@@ -19,7 +19,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import orjson
 import pytest
@@ -219,6 +219,21 @@ def rows(db_path: str, sql: str, params=()) -> list[dict]:
         conn.close()
 
 
+def execute(db_path: str, sql: str, params=()) -> int:
+    """Run one statement and commit it through a connection of the test's own (SQLite's
+    spelling, translated on PostgreSQL as in rows()); the number of rows it changed."""
+    if is_postgres(db_path):
+        from storage.postgres import PostgresDatabase
+
+        conn = PostgresDatabase(db_path).connect()
+    else:
+        conn = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        return conn.execute(sql, params).rowcount
+    finally:
+        conn.close()
+
+
 def _postgres_rows(url: str, sql: str, params) -> list[dict]:
     from storage.postgres import PostgresDatabase
 
@@ -364,3 +379,36 @@ class WriteLock:
             self.conn.execute("ROLLBACK")
             self.conn.close()
             self.conn = None
+
+
+@pytest.fixture
+def restore_backup():
+    """restore(db, backup) -> a database holding what `tally backup` wrote of db: the copy
+    itself on SQLite; on PostgreSQL a new database pg_restore fills from the archive, as
+    README's restore does (the same schema name; dropped after the test)."""
+    created = []
+
+    def restore(db: str, backup) -> str:
+        if not is_postgres(db):
+            return str(backup)
+        name = f"tally_r_{uuid.uuid4().hex[:12]}"
+        admin = postgres_admin()
+        try:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            admin.close()
+        created.append(name)
+        url = urlsplit(db)._replace(path=f"/{name}").geturl()
+        subprocess.run(["pg_restore", "--clean", "--if-exists", "--exit-on-error",
+                        "--single-transaction", f"--dbname={url}", str(backup)],
+                       check=True, capture_output=True, timeout=120)
+        return url
+
+    yield restore
+    if created:
+        admin = postgres_admin()
+        try:
+            for name in created:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            admin.close()

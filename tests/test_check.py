@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from quota.audit import shift_month as _shift
-from tests.conftest import cli_json, run_cli
+from tests.conftest import cli_json, execute, is_postgres, rows, run_cli
 
 OCT_1 = calendar.timegm((2026, 10, 1, 0, 0, 0)) * 1000
 HOUR, MINUTE = 3_600_000, 60_000
@@ -24,29 +24,23 @@ def check(db: str) -> tuple[int, dict]:
 def world(db_path):
     account = cli_json("account", "create", "--name", "A", db=db_path)
     cli_json("site", "create", "--account", account["id"], "--host", "a.test", db=db_path)
-    conn = sqlite3.connect(db_path, isolation_level=None)
-    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if not {"events", "monthly_usage"} <= tables:
-        pytest.skip("the events and monthly_usage tables (issues 4 and 5) are not in schema.sql yet")
-    site_id, account_id = conn.execute("SELECT id, account_id FROM sites").fetchone()
-    yield {"db": db_path, "conn": conn, "site": site_id, "account": account_id,
-           "public_account": account["id"]}
-    conn.close()
+    (site,) = rows(db_path, "SELECT id, account_id FROM sites")
+    return {"db": db_path, "site": site["id"], "account": site["account_id"],
+            "public_account": account["id"]}
 
 
 def store_events(world, *timestamps: int, name: str = "pageview") -> None:
-    world["conn"].executemany(
-        "INSERT INTO events (site_id, ts, name, pathname, url, hostname) VALUES (?, ?, ?, ?, ?, ?)",
-        [(world["site"], ts, name, "/", "https://a.test/", "a.test") for ts in timestamps],
-    )
+    for ts in timestamps:
+        execute(world["db"], "INSERT INTO events (site_id, ts, name, pathname, url, hostname)"
+                             " VALUES (?, ?, ?, ?, ?, ?)",
+                (world["site"], ts, name, "/", "https://a.test/", "a.test"))
 
 
 def set_usage(world, month: str, events: int) -> None:
-    world["conn"].execute(
-        "INSERT INTO monthly_usage (account_id, month, events) VALUES (?, ?, ?)"
-        " ON CONFLICT (account_id, month) DO UPDATE SET events = excluded.events",
-        (world["account"], month, events),
-    )
+    execute(world["db"],
+            "INSERT INTO monthly_usage (account_id, month, events) VALUES (?, ?, ?)"
+            " ON CONFLICT (account_id, month) DO UPDATE SET events = excluded.events",
+            (world["account"], month, events))
 
 
 def test_a_new_database_checks_ok(db_path):
@@ -60,6 +54,17 @@ def test_a_missing_database_is_an_error_not_a_new_file(tmp_path):
     proc = run_cli("check", db=str(tmp_path / "none.db"), check=False)
     assert proc.returncode != 0 and proc.stderr.startswith("tally: no database at")
     assert not (tmp_path / "none.db").exists()
+
+
+def test_a_schema_without_tally_is_an_error_and_stays_empty(postgres_schema):
+    proc = run_cli("check", db=postgres_schema, check=False)
+    assert proc.returncode != 0 and proc.stderr.startswith("tally: no database at")
+    assert "postgresql://" in proc.stderr
+    import psycopg  # rows() would apply the schema
+
+    with psycopg.connect(postgres_schema) as conn:
+        assert conn.execute("SELECT count(*) FROM information_schema.tables"
+                            " WHERE table_schema = current_schema()").fetchone() == (0,)
 
 
 def test_matching_usage_checks_ok(world):
@@ -124,6 +129,17 @@ def test_human_output_lists_mismatches(world):
 
 def test_a_corrupt_database_fails_the_check(db_path):
     run_cli("init", db=db_path)
+    if is_postgres(db_path):
+        # What PostgreSQL can be left with: an index a failed concurrent build left invalid.
+        execute(db_path, "CREATE TABLE filler (x BYTEA)")
+        execute(db_path, "INSERT INTO filler SELECT '\\x01'::bytea FROM generate_series(1, 200)")
+        with pytest.raises(Exception, match="could not create unique index"):
+            execute(db_path, "CREATE UNIQUE INDEX CONCURRENTLY filler_x ON filler (x)")
+        proc = run_cli("check", "--json", db=db_path, check=False)
+        assert proc.returncode == 1
+        report = orjson.loads(proc.stdout)
+        assert report["ok"] is False and report["integrity"] == ["index filler_x is invalid"]
+        return
     conn = sqlite3.connect(db_path)
     conn.execute("PRAGMA journal_mode = DELETE")
     conn.execute("CREATE TABLE filler (x BLOB)")
@@ -140,6 +156,25 @@ def test_a_corrupt_database_fails_the_check(db_path):
     report = orjson.loads(proc.stdout)
     assert report["ok"] is False
     assert any("missing from index filler_x" in problem for problem in report["integrity"])
+
+
+def test_a_row_stored_without_its_parent_fails_the_check(db_path):
+    run_cli("init", db=db_path)
+    orphan = "INSERT INTO sites (id, public_id, account_id, created_at) VALUES (7, 's', 999, 0)"
+    if is_postgres(db_path):  # only with triggers off, as a restore with them disabled does
+        from storage.postgres import PostgresDatabase
+
+        conn = PostgresDatabase(db_path).connect()
+        conn.raw.execute("SET session_replication_role = replica")
+    else:
+        conn = sqlite3.connect(db_path, isolation_level=None)  # foreign keys off by default
+    try:
+        conn.execute(orphan)
+    finally:
+        conn.close()
+    code, report = check(db_path)
+    assert code == 1 and report["ok"] is False
+    assert report["integrity"] == "ok" and report["foreign_key_violations"] == 1
 
 
 def test_an_unreadable_database_is_one_line_and_non_zero(tmp_path):

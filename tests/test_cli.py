@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_json, run_cli
+from tests.conftest import cli_json, is_postgres, rows, run_cli
 
 
 def test_account_site_key_lifecycle(db_path):
@@ -54,7 +55,14 @@ def test_secret_is_stored_only_as_a_hash(db_path):
     account = cli_json("account", "create", "--name", "A", db=db_path)
     site = cli_json("site", "create", "--account", account["id"], "--host", "a.test", db=db_path)
     key = cli_json("key", "create", "--site", site["id"], "--scope", "events", db=db_path)
-    raw = b"".join(p.read_bytes() for p in Path(db_path).parent.glob("tally.db*"))
+    if is_postgres(db_path):  # everything stored, as pg_dump writes it out
+        schema = rows(db_path, "SELECT current_schema() AS name")[0]["name"]
+        raw = subprocess.run(["pg_dump", "--data-only", f"--schema={schema}",
+                              f"--dbname={db_path}"], check=True, capture_output=True,
+                             timeout=60).stdout
+        assert site["id"].encode() in raw
+    else:
+        raw = b"".join(p.read_bytes() for p in Path(db_path).parent.glob("tally.db*"))
     assert key["key"].encode() not in raw
     assert key["key"][4:].encode() not in raw
 
@@ -112,7 +120,11 @@ def test_human_output_is_aligned_columns(db_path):
 def test_schema_version_is_recorded(db_path):
     from storage.db import schema
 
-    run_cli("init", db=db_path)
+    assert cli_json("init", db=db_path)["schema_version"] == schema()[0]
+    if is_postgres(db_path):
+        assert rows(db_path, "SELECT version FROM tally_schema_version") == [
+            {"version": schema()[0]}]
+        return
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == schema()[0]
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from reports.days import DIMENSIONS
-from tests.conftest import bearer, cli_json, rows, run_cli
+from storage.db import schema
+from tests.conftest import bearer, cli_json, execute, is_postgres, rows, run_cli
 from tests.test_attribution_e2e import UA, UA_PHONE, identify, pageview
 
 DAYS = ("2026-09-21", "2026-09-22", "2026-09-23")
@@ -62,26 +63,35 @@ def revenue(db, site):
     return cli_json("report", "revenue", "--site", site, "--from", DAYS[0], "--to", DAYS[2], db=db)
 
 
-def count(db, table, where="1", params=()):
+def count(db, table, where="1 = 1", params=()):
     return rows(db, f"SELECT count(*) AS n FROM {table} WHERE {where}", params)[0]["n"]  # noqa: S608  # sql-safe: table and condition are literals of these tests, values are parameters
 
 
 # Backups -------------------------------------------------------------------------------
 
-def test_backup_copies_and_checks(history, tmp_path):
+def test_backup_copies_and_checks(history, tmp_path, restore_backup):
     db = history["db"]
     copy = tmp_path / "copy.db"
     result = cli_json("backup", str(copy), db=db)
     assert result["integrity"] == "ok" and result["bytes"] == copy.stat().st_size > 0
-    assert result["user_version"] == rows(db, "PRAGMA user_version")[0]["user_version"]
+    assert result["user_version"] == schema()[0]
     assert not (tmp_path / "copy.db-wal").exists()
+    assert not (tmp_path / "copy.db.partial").exists()
+    restored = restore_backup(db, copy)
     for table in ("events", "sessions", "payments", "customers", "subscriptions"):
-        assert count(str(copy), table) == count(db, table), table
-    assert cli_json("check", db=str(copy))["ok"]
+        assert count(restored, table) == count(db, table), table
+    assert cli_json("check", db=restored)["ok"]
     again = run_cli("backup", str(copy), db=db, check=False)
     assert again.returncode == 1 and "already exists" in again.stderr
     missing = run_cli("backup", str(tmp_path / "no" / "copy.db"), db=db, check=False)
     assert missing.returncode == 1 and "no folder" in missing.stderr
+    if is_postgres(db):
+        (tmp_path / "bin").mkdir()
+        without = run_cli("backup", str(tmp_path / "other.dump"), db=db, check=False,
+                          env={"PATH": str(tmp_path / "bin")})
+        assert without.returncode == 1
+        assert "pg_dump and pg_restore not found" in without.stderr
+        assert not (tmp_path / "other.dump").exists()
 
 
 # Retention -----------------------------------------------------------------------------
@@ -93,11 +103,8 @@ def test_prune_keeps_report_figures_and_money(history):
     assert money["currencies"]["EUR"]["by_channel"][0]["channel"] == "Organic Search"
     assert before["channel"][0]["pageviews"] == 5 and before["channel"][0]["visitors"] == 4
     # The reports above stored the final days; prune must store any it finds missing.
-    with sqlite3.connect(db) as conn:
-        conn.execute("DELETE FROM traffic_day_values")
-        conn.execute("DELETE FROM traffic_day_dimensions")
-        conn.execute("DELETE FROM traffic_days")
-    conn.close()
+    for table in ("traffic_day_values", "traffic_day_dimensions", "traffic_days"):
+        execute(db, f"DELETE FROM {table}")  # noqa: S608 - fixed names
     kept_tables = {t: count(db, t) for t in ("payments", "customers", "subscriptions",
                                              "subscription_observations", "monthly_usage")}
 
@@ -181,6 +188,7 @@ def test_visitor_erase_removes_its_traffic_and_keeps_revenue(history):
     assert bad.returncode == 1
 
 
+@pytest.mark.sqlite_only  # PostgreSQL's archive is restored in test_backup_copies_and_checks
 def test_backup_file_is_a_database_sqlite_opens(history, tmp_path):
     copy = tmp_path / "b.db"
     cli_json("backup", str(copy), db=history["db"])
