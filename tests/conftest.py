@@ -222,12 +222,7 @@ def rows(db_path: str, sql: str, params=()) -> list[dict]:
 def execute(db_path: str, sql: str, params=()) -> int:
     """Run one statement and commit it through a connection of the test's own (SQLite's
     spelling, translated on PostgreSQL as in rows()); the number of rows it changed."""
-    if is_postgres(db_path):
-        from storage.postgres import PostgresDatabase
-
-        conn = PostgresDatabase(db_path).connect()
-    else:
-        conn = sqlite3.connect(db_path, isolation_level=None)
+    conn = connect(db_path)
     try:
         return conn.execute(sql, params).rowcount
     finally:
