@@ -3,14 +3,22 @@ storable is stored, and each event that still fails is set aside in dead_letters
 
 from __future__ import annotations
 
-import sqlite3
-
 import orjson
 import pytest
 
 from quota.usage import QuotaGuard
+from storage.backend import open_database
 from storage.db import Database
-from tests.conftest import FakeClock, bearer, cli_json, rows, run_cli
+from tests.conftest import (
+    FakeClock,
+    bearer,
+    cli_json,
+    config_for,
+    execute,
+    is_postgres,
+    rows,
+    run_cli,
+)
 from tests.test_ingest import NOW_MS, count, make_flusher, unit
 from validation.event import parse_events
 
@@ -19,7 +27,7 @@ FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.
 
 @pytest.fixture
 def store(db_path):
-    db = Database(db_path)
+    db = open_database(config_for(db_path))
     with db.transaction() as conn:
         conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
         conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 's', 1, 0)")
@@ -27,13 +35,36 @@ def store(db_path):
     db.close()
 
 
+def refusing_trigger(db_path: str, name: str, table: str, message: str,
+                     when: str | None = None) -> None:
+    """A real fault of the database: a trigger that refuses the rows `when` holds for (all
+    without it) as a constraint would (SQLite's RAISE(ABORT), PostgreSQL's check_violation)."""
+    if is_postgres(db_path):
+        execute(db_path, f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$"
+                         f" BEGIN RAISE EXCEPTION '{message}' USING ERRCODE = 'check_violation';"
+                         " END $$")
+        condition = f"WHEN ({when})" if when else ""
+        execute(db_path, f"CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW"
+                         f" {condition} EXECUTE FUNCTION {name}()")
+    else:
+        condition = f"WHEN {when}" if when else ""
+        execute(db_path, f"CREATE TRIGGER {name} BEFORE INSERT ON {table} {condition}"
+                         f" BEGIN SELECT RAISE(ABORT, '{message}'); END")
+
+
+def drop_trigger(db_path: str, name: str, table: str) -> None:
+    execute(db_path, f"DROP TRIGGER {name} ON {table}" if is_postgres(db_path)
+            else f"DROP TRIGGER {name}")
+
+
 def poison_trigger(db_path: str) -> None:
-    """A real SQLite fault that only an event titled "poison" triggers."""
-    conn = sqlite3.connect(db_path)
-    conn.execute("CREATE TRIGGER poison BEFORE INSERT ON events WHEN NEW.title = 'poison'"
-                 " BEGIN SELECT RAISE(ABORT, 'poisoned row'); END")
-    conn.commit()
-    conn.close()
+    """A real fault of the database that only an event titled "poison" triggers."""
+    refusing_trigger(db_path, "poison", "events", "poisoned row", "NEW.title = 'poison'")
+
+
+def constraint_error(db_path: str) -> str:
+    """The name of the exception a refused row raises, as the reason records it."""
+    return "CheckViolation" if is_postgres(db_path) else "IntegrityError"
 
 
 def titled(titles: list[str]):
@@ -59,7 +90,7 @@ def test_one_poison_event_is_set_aside_and_every_other_event_is_stored(store, db
     assert flusher.set_aside_events == 1 and flusher.queue.held == 0
     (letter,) = rows(db_path, "SELECT * FROM dead_letters")
     assert letter["site_id"] == 1 and letter["month"] == "2026-09"
-    assert "poisoned row" in letter["reason"] and "IntegrityError" in letter["reason"]
+    assert "poisoned row" in letter["reason"] and constraint_error(db_path) in letter["reason"]
     event = orjson.loads(letter["event"])
     assert event["title"] == "poison" and event["ip"] == "(not kept)"
     assert "81.2.69.142" not in letter["event"]
@@ -101,18 +132,13 @@ def test_a_database_that_fails_for_every_write_keeps_every_event(store, db_path)
     """When even the dead-letter write fails, the database is at fault: nothing is set aside,
     and everything is stored once it recovers."""
     poison_trigger(db_path)
-    conn = sqlite3.connect(db_path)
-    conn.execute("CREATE TRIGGER refuse_letters BEFORE INSERT ON dead_letters"
-                 " BEGIN SELECT RAISE(ABORT, 'no room'); END")
-    conn.commit()
+    refusing_trigger(db_path, "refuse_letters", "dead_letters", "no room")
     flusher = make_flusher(store)
     assert flusher.submit(titled(["a", "poison", "b"]))
     assert not flusher.flush_now(timeout=0.5)
     assert count(db_path, "SELECT count(*) FROM dead_letters") == 0
     assert count(db_path) == 2 and flusher.queue.held == 1  # the poison event still held
-    conn.execute("DROP TRIGGER refuse_letters")
-    conn.commit()
-    conn.close()
+    drop_trigger(db_path, "refuse_letters", "dead_letters")
     assert flusher.flush_now(timeout=20)
     assert count(db_path) == 2 and count(db_path, "SELECT count(*) FROM dead_letters") == 1
     flusher.stop(timeout=5)
@@ -121,21 +147,27 @@ def test_a_database_that_fails_for_every_write_keeps_every_event(store, db_path)
 def test_identify_with_a_nul_uid_is_stored_and_does_not_stop_storage(client, tally, site,
                                                                      db_path):
     """Item 1 of the issue: SQLite's length() stops at NUL, so the old CHECK refused what
-    the validator accepted and the flush retried the batch forever."""
+    the validator accepted and the flush retried the batch forever. PostgreSQL stores NUL
+    (and the private-use character that escapes it) escaped: still 128 bytes as sent fit."""
     headers = {**bearer(site["key"]), "Content-Type": "application/json"}
     site_id = site["site"]["id"]
-    poison = {"s": site_id, "e": "$identify", "uid": "\u0000", "u": "https://example.com/",
-              "ip": "203.0.113.7", "ua": "Mozilla/5.0 (X11; Linux x86_64) Firefox/128.0"}
-    client.post("/api/v1/events", orjson.dumps(poison), headers=headers, status=204)
+    uids = ["\u0000", "\u0000" * 128, "\ue000" * 42 + "\u0000x"]
+    for uid in uids:
+        poison = {"s": site_id, "e": "$identify", "uid": uid, "u": "https://example.com/",
+                  "ip": "203.0.113.7", "ua": "Mozilla/5.0 (X11; Linux x86_64) Firefox/128.0"}
+        client.post("/api/v1/events", orjson.dumps(poison), headers=headers, status=204)
     for i in range(5):
         body = {"s": site_id, "e": "pageview", "u": f"https://example.com/{i}", "ua": FIREFOX}
         client.post("/api/v1/events", orjson.dumps(body), headers=headers, status=204)
     assert tally.flusher.flush_now(timeout=20)
-    assert count(db_path) == 6
-    assert [r["uid"] for r in rows(db_path, "SELECT uid FROM visitor_identities")] == ["\u0000"]
+    assert count(db_path) == 8
+    assert sorted(r["uid"] for r in rows(db_path, "SELECT uid FROM visitor_identities")) == sorted(uids)
+    assert sorted(r["uid"] for r in rows(db_path, "SELECT uid FROM events WHERE uid IS NOT NULL")
+                  ) == sorted(uids)
     assert count(db_path, "SELECT count(*) FROM dead_letters") == 0
 
 
+@pytest.mark.sqlite_only  # the upgrade of a SQLite file
 def test_schema_8_databases_get_the_uid_check_in_bytes(db_path):
     db = Database(db_path)
     conn = db.conn()

@@ -10,14 +10,22 @@ import orjson
 import pytest
 
 from app import create_app
-from config import Config
 from enrichment.enricher import Enricher
 from ingest.flusher import Flusher
 from ingest.pipeline import write_batch
 from ingest.queue import Accepted, EventQueue
 from quota.usage import QuotaGuard
-from storage.db import Database
-from tests.conftest import FakeClock, bearer, cli_json, counting_bytes, http
+from storage.backend import open_database
+from tests.conftest import (
+    FakeClock,
+    WriteLock,
+    bearer,
+    cli_json,
+    config_for,
+    counting_bytes,
+    http,
+    rows,
+)
 from validation.event import parse_events
 
 NOW_MS = 1_790_000_000_000
@@ -73,7 +81,7 @@ def test_offer_wakes_the_flush_thread_at_a_quarter_of_the_queue():
 
 @pytest.fixture
 def store(db_path):
-    db = Database(db_path)
+    db = open_database(config_for(db_path))
     with db.transaction() as conn:
         conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'acct_a', 'A', 0)")
         conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 'site_a', 1, 0)")
@@ -89,11 +97,8 @@ def make_flusher(db, write=write_batch, interval=3600.0, quota=None, queue_max=1
 
 
 def count(db_path: str, sql: str = "SELECT count(*) FROM events") -> int:
-    conn = sqlite3.connect(db_path)
-    try:
-        return conn.execute(sql).fetchone()[0] or 0
-    finally:
-        conn.close()
+    first = rows(db_path, sql)[0]
+    return next(iter(first.values())) or 0
 
 
 def test_stop_flushes_everything_held(store, db_path):
@@ -149,13 +154,11 @@ def test_unexpected_error_in_enrichment_is_retried(store, db_path, monkeypatch):
 def test_stop_gives_up_only_at_its_deadline_when_the_database_stays_locked(store, db_path, caplog):
     flusher = make_flusher(store)
     assert flusher.submit(unit(5))
-    blocker = sqlite3.connect(db_path, isolation_level=None)
-    blocker.execute("BEGIN IMMEDIATE")
+    blocker = WriteLock(db_path)
     try:
         flusher.stop(timeout=1)
     finally:
-        blocker.execute("ROLLBACK")
-        blocker.close()
+        blocker.release()
     assert flusher.failures >= 1
     assert "5 accepted events could not be stored" in caplog.text
     assert count(db_path) == 0
@@ -163,7 +166,7 @@ def test_stop_gives_up_only_at_its_deadline_when_the_database_stays_locked(store
 
 def test_building_the_app_starts_no_thread(db_path):
     before = {t.name for t in threading.enumerate()}
-    app = create_app(Config(db_path=db_path))
+    app = create_app(config_for(db_path))
     assert "tally-flush" not in {t.name for t in threading.enumerate()} - before
     app.stop(timeout=1)
 
