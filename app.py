@@ -58,6 +58,17 @@ class CurrentKey:
         resp.media = {"ok": True, "data": data}
 
 
+class ReleaseConnection:
+    """Gives the request thread's database connection back after every request (a
+    PostgreSQL pool's; SQLite keeps one per thread and this does nothing)."""
+
+    def __init__(self, db: Database):
+        self.db = db
+
+    def process_response(self, req, resp, resource, req_succeeded):
+        self.db.release()
+
+
 class Tally:
     """The WSGI callable plus the lifecycle of its background work."""
 
@@ -75,6 +86,7 @@ class Tally:
         media.install(self.wsgi)
         errors.install(self.wsgi)
         self.wsgi.add_middleware(RequestMetrics())
+        self.wsgi.add_middleware(ReleaseConnection(db))
         self.wsgi.add_route("/metrics", MetricsResource(config.metrics_token, db))
         self.wsgi.add_route("/healthz", Health(db))
         self.wsgi.add_route("/api/v1/key", CurrentKey(self.auth))
@@ -97,7 +109,7 @@ class Tally:
         # Every background duty of a worker, besides the events flush.
         self.tasks = Tasks([
             Task("prune visitor salts older than yesterday", every=60.0,
-                 run=lambda: self.flusher.enricher.prune(db.conn())),
+                 run=self._prune_salts),
         ])
         self.services.append(self.tasks)
 
@@ -107,6 +119,12 @@ class Tally:
     def start(self) -> None:
         for service in self.services:
             service.start()
+
+    def _prune_salts(self) -> None:
+        try:
+            self.flusher.enricher.prune(self.db.conn())
+        finally:
+            self.db.release()
 
     def stop(self, timeout: float = 25.0) -> None:
         for service in reversed(self.services):

@@ -21,6 +21,7 @@ class Config:
     # postgresql://user@host/db selects PostgreSQL (storage/postgres.py); unset, the SQLite
     # file db_path is the database.
     database_url: str | None = None
+    database_pool: int = 8  # PostgreSQL connections each process lends its request threads
     queue_max: int = 10_000
     flush_interval: float = 1.0
     log_level: str = "INFO"
@@ -46,6 +47,8 @@ class Config:
         return cls(
             db_path=env.get("TALLY_DB") or defaults.db_path,
             database_url=_database_url(env),
+            database_pool=_int_between(env, "TALLY_DATABASE_POOL", defaults.database_pool,
+                                       (1, 1000), "one connection"),
             queue_max=_int_between(env, "TALLY_QUEUE_MAX", defaults.queue_max,
                                    QUEUE_MAX_RANGE, "the largest batch one request may carry"),
             flush_interval=_positive_float(env, "TALLY_FLUSH_INTERVAL", defaults.flush_interval),

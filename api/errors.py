@@ -7,6 +7,8 @@ import logging
 import falcon
 import orjson
 
+from storage.db import StorageBusy
+
 log = logging.getLogger("tally")
 
 CODES_BY_STATUS = {
@@ -95,6 +97,14 @@ def handle_http_error(req, resp, exc: falcon.HTTPError, params) -> None:
     _write(resp, status, code, message, headers)
 
 
+def handle_storage_busy(req, resp, exc: StorageBusy, params) -> None:
+    """The database could not be reached or stayed locked past the bounded wait, wherever
+    the request met it (a key lookup, a report): retry, as for a busy write."""
+    log.warning("%s %s: the database is busy or unreachable: %s", req.method, req.path, exc)
+    busy = rate_limited("the database is busy; retry after 2 seconds")
+    _write(resp, busy.status, busy.code, busy.message, busy.headers)
+
+
 def handle_unexpected(req, resp, exc: Exception, params) -> None:
     log.error("unhandled error on %s %s", req.method, req.path, exc_info=exc)
     _write(resp, 500, "internal_error", "internal server error", {})
@@ -104,3 +114,4 @@ def install(app: falcon.App) -> None:
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPError, handle_http_error)
     app.add_error_handler(ApiError, handle_api_error)
+    app.add_error_handler(StorageBusy, handle_storage_busy)

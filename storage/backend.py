@@ -10,5 +10,6 @@ def open_database(config):
     if config.database_url:
         from storage.postgres import PostgresDatabase  # psycopg loads only when chosen
 
-        return PostgresDatabase(config.database_url, busy_timeout_ms=config.busy_timeout_ms)
+        return PostgresDatabase(config.database_url, busy_timeout_ms=config.busy_timeout_ms,
+                                pool_size=config.database_pool)
     return Database(config.db_path, busy_timeout_ms=config.busy_timeout_ms)

@@ -154,6 +154,10 @@ class Database:
         """One trivial query: raises when the database cannot be read."""
         self.conn().execute("SELECT 1").fetchone()
 
+    def release(self) -> None:
+        """Nothing to give back: each thread keeps its SQLite connection (PostgreSQL's
+        Database lends pooled ones and takes them back here)."""
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():

@@ -31,10 +31,14 @@ from psycopg import errors as pg_errors
 from psycopg.adapt import Dumper, Loader
 from psycopg.pq import TransactionStatus
 from psycopg.types.numeric import Int8Dumper
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from storage.db import BUSY_TIMEOUT_MS, StorageBusy, StorageError, schema
 
 SCHEMA_PATH = files(__package__) / "schema_postgres.sql"
+
+# Connections each process's pool may hold for request threads (Config.database_pool).
+POOL_SIZE = 8
 
 # pg_advisory_xact_lock keys: one writer at a time, and one process applying the schema.
 WRITE_LOCK_KEY = 0x7A11_0001
@@ -390,14 +394,25 @@ class PostgresConnection:
         self.raw.close()
 
 
-def _connect(url: str, lock_timeout_ms: int) -> PostgresConnection:
-    raw = psycopg.connect(url, autocommit=True, connect_timeout=max(1, lock_timeout_ms // 1000),
-                          prepare_threshold=None, application_name="tally")
+def _connection_options(url: str, lock_timeout_ms: int) -> dict:
+    options = {"autocommit": True, "connect_timeout": max(1, lock_timeout_ms // 1000),
+               "prepare_threshold": None}
+    if "application_name=" not in url:
+        options["application_name"] = "tally"
+    return options
+
+
+def _configure(raw: psycopg.Connection, lock_timeout_ms: int) -> None:
     _adapt(raw)
     # lock_timeout bounds the wait for the write lock (BEGIN IMMEDIATE) and for row locks;
     # SQLite's busy_timeout is the same bound. UTC keeps any date function deterministic.
     raw.execute(f"SET lock_timeout = {int(lock_timeout_ms)}")  # sql-safe: an int
     raw.execute("SET TIME ZONE 'UTC'")
+
+
+def _connect(url: str, lock_timeout_ms: int) -> PostgresConnection:
+    raw = psycopg.connect(url, **_connection_options(url, lock_timeout_ms))
+    _configure(raw, lock_timeout_ms)
     return PostgresConnection(raw, lock_timeout_ms)
 
 
@@ -411,14 +426,25 @@ def redact(url: str) -> str:
 
 
 class PostgresDatabase:
-    """Connections to one PostgreSQL database, one per thread, schema applied once."""
+    """Connections to one PostgreSQL database, schema applied once per process.
+
+    Request threads share a small pool per process: `conn()` lends the thread a connection
+    that it keeps until `release()` (app.py releases after every request), so a host opens
+    at most workers x pool_size of them however many threads gunicorn runs. `connect()`
+    makes a connection of the caller's own, outside the pool (the flush thread's).
+    """
 
     dialect = "postgres"
     DatabaseError = psycopg.DatabaseError
 
-    def __init__(self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS):
+    def __init__(self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+                 pool_size: int = POOL_SIZE):
         self.url = url
         self.busy_timeout_ms = int(busy_timeout_ms)
+        self.pool_size = int(pool_size)
+        self._pool: ConnectionPool | None = None
+        self._pool_pid: int | None = None
+        self._pool_lock = threading.Lock()
         self._local = threading.local()
         self._schema_lock = threading.Lock()
         self._schema_pid: int | None = None
@@ -443,12 +469,59 @@ class PostgresDatabase:
         return conn
 
     def conn(self) -> PostgresConnection:
+        """The connection lent to this thread, borrowed from the pool on first use."""
         local = self._local
         current = getattr(local, "conn", None)
-        if getattr(local, "pid", None) != os.getpid() or current is None or current.closed:
-            local.conn = self.connect()
-            local.pid = os.getpid()
+        if getattr(local, "pid", None) == os.getpid() and current is not None:
+            if not current.closed:
+                return current
+            self.release()
+        pool = self._connection_pool()
+        try:
+            raw = pool.getconn()
+        except PoolTimeout as exc:
+            raise StorageBusy(f"no database connection free within {pool.timeout:g} s") from exc
+        except psycopg.Error as exc:
+            raise storage_error(exc) from exc
+        local.conn = PostgresConnection(raw, self.busy_timeout_ms)
+        local.pid = os.getpid()
+        try:
+            self._ensure_schema(local.conn)
+        except BaseException:
+            self.release()
+            raise
         return local.conn
+
+    def release(self) -> None:
+        """Give this thread's connection back to the pool (a no-op when it has none)."""
+        local = self._local
+        current = getattr(local, "conn", None)
+        local.conn = None
+        if current is None or getattr(local, "pid", None) != os.getpid():
+            return
+        _abandon(current)
+        pool = self._pool
+        if pool is not None and self._pool_pid == os.getpid():
+            pool.putconn(current.raw)
+        else:
+            current.close()
+
+    def _connection_pool(self) -> ConnectionPool:
+        with self._pool_lock:
+            if self._pool is None or self._pool_pid != os.getpid():
+                lock_timeout_ms = self.busy_timeout_ms
+                # A process opens its pool after the fork; a parent's pool is left alone.
+                self._pool = ConnectionPool(
+                    self.url, min_size=1, max_size=self.pool_size, open=True, name="tally",
+                    kwargs=_connection_options(self.url, lock_timeout_ms),
+                    configure=lambda raw: _configure(raw, lock_timeout_ms),
+                    # A connection the server ended (restart, failover) is replaced at
+                    # checkout instead of failing the request that draws it.
+                    check=ConnectionPool.check_connection,
+                    reset=lambda raw: raw.execute(f"SET lock_timeout = {int(lock_timeout_ms)}"),  # sql-safe: an int
+                    timeout=lock_timeout_ms / 1000)
+                self._pool_pid = os.getpid()
+            return self._pool
 
     def size_bytes(self) -> tuple[int, int]:
         """(Tally's tables with their indexes and TOAST, 0): the WAL is the server's, shared."""
@@ -479,9 +552,12 @@ class PostgresDatabase:
             raise storage_error(exc) from exc
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
-            conn.close()
+        """Release this thread's connection and close the process's pool."""
+        self.release()
+        with self._pool_lock:
+            if self._pool is not None and self._pool_pid == os.getpid():
+                self._pool.close()
+            self._pool = None
         self._local = threading.local()
 
     @contextmanager
