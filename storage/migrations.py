@@ -68,3 +68,17 @@ def after_script(conn: sqlite3.Connection, version: int) -> None:
 def _exists(conn: sqlite3.Connection, table: str) -> bool:
     return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                         (table,)).fetchone() is not None
+
+
+# PostgreSQL databases begin at version 14, the first release that ran on PostgreSQL, so
+# nothing above needs a twin. A later version that changes an existing table adds its
+# PostgreSQL statements here; they run after schema_postgres.sql, in the same transaction,
+# when the database was older than that version.
+POSTGRES_STEPS: dict[int, tuple[str, ...]] = {}
+
+
+def postgres_steps(found: int, steps: dict[int, tuple[str, ...]] | None = None) -> list[str]:
+    """The statements that bring a PostgreSQL database from version `found` up to date."""
+    steps = POSTGRES_STEPS if steps is None else steps
+    return [statement for version, statements in sorted(steps.items()) if found < version
+            for statement in statements]

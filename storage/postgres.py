@@ -33,6 +33,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.numeric import Int8Dumper
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from storage import migrations
 from storage.db import BUSY_TIMEOUT_MS, StorageBusy, StorageError, schema
 
 SCHEMA_PATH = files(__package__) / "schema_postgres.sql"
@@ -645,8 +646,11 @@ def apply_schema(conn: PostgresConnection) -> None:
         raw.execute("CREATE TABLE IF NOT EXISTS tally_schema_version ("
                     " version BIGINT NOT NULL, one_row BOOLEAN PRIMARY KEY DEFAULT true"
                     " CHECK (one_row))")
-        if schema_version(conn) < version:
+        found = schema_version(conn)
+        if found < version:
             raw.execute(postgres_script())
+            for statement in migrations.postgres_steps(found):
+                raw.execute(statement)
             raw.execute("INSERT INTO tally_schema_version (version) VALUES (%s)"
                         " ON CONFLICT (one_row) DO UPDATE SET version = excluded.version",
                         (version,))
