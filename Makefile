@@ -42,7 +42,7 @@ BINARY_VENV := build/binary-venv
 BINARY_PACKAGES := app cli config vocabulary storage api attribution tracker dashboard \
 	integrations metrics serving quota enrichment ingest reports validation \
 	iso4217 pycountry iptocc crawlerdetect ua_parser ua_parser_builtins ua_parser_rs falcon \
-	gunicorn stripe jinja2 argon2 prometheus_client pythonjsonlogger
+	gunicorn stripe jinja2 argon2 prometheus_client pythonjsonlogger psycopg psycopg_binary psycopg_pool
 dist-binary:
 	test -x $(BINARY_VENV)/bin/python || $(PYTHON) -m venv $(BINARY_VENV)
 	$(BINARY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check . pyinstaller==6.22.3
