@@ -41,9 +41,15 @@ SCHEMA_PATH = files(__package__) / "schema_postgres.sql"
 # Connections each process's pool may hold for request threads (Config.database_pool).
 POOL_SIZE = 8
 
-# pg_advisory_xact_lock keys: one writer at a time, and one process applying the schema.
+# pg_advisory_xact_lock keys: one writer at a time, and one process applying the schema,
+# each with the schema's hash as second key, so Tallys in two schemas of one database
+# never wait for each other.
 WRITE_LOCK_KEY = 0x7A11_0001
 SCHEMA_LOCK_KEY = 0x7A11_0002
+_LOCK = "SELECT pg_advisory_xact_lock(%s::integer, hashtext(coalesce(current_schema(), '')))"
+# Applying the schema waits longer than a request would for the write lock: another host
+# starting at the same time holds it for as long as the script runs.
+SCHEMA_LOCK_TIMEOUT_MS = 60_000
 
 # PostgreSQL text cannot hold U+0000, which Tally stores as sent. Strings carrying it are
 # written with NUL as ESCAPE + "0" and ESCAPE itself doubled (ESCAPE is a private-use
@@ -379,7 +385,7 @@ class PostgresConnection:
         cursor = self.raw.cursor()
         cursor.execute("BEGIN")
         if immediate:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+            cursor.execute(_LOCK, (WRITE_LOCK_KEY,))
         return PostgresCursor(cursor)
 
     def set_lock_timeout(self, ms: int) -> None:
@@ -409,6 +415,10 @@ def _configure(raw: psycopg.Connection, lock_timeout_ms: int) -> None:
     # SQLite's busy_timeout is the same bound. UTC keeps any date function deterministic.
     raw.execute(f"SET lock_timeout = {int(lock_timeout_ms)}")  # sql-safe: an int
     raw.execute("SET TIME ZONE 'UTC'")
+    # A COMMIT returns once it is on disk, as with SQLite's synchronous = FULL: a server or URL
+    # that turns synchronous_commit off is overruled (stronger settings, remote_apply, stay).
+    raw.execute("SELECT set_config('synchronous_commit', 'on', false)"
+                " WHERE current_setting('synchronous_commit') = 'off'")
 
 
 def _connect(url: str, lock_timeout_ms: int) -> PostgresConnection:
@@ -642,7 +652,8 @@ def apply_schema(conn: PostgresConnection) -> None:
         return
     raw = conn.raw
     with raw.transaction():
-        raw.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_KEY,))
+        raw.execute(f"SET LOCAL lock_timeout = {SCHEMA_LOCK_TIMEOUT_MS}")  # sql-safe: an int
+        raw.execute(_LOCK, (SCHEMA_LOCK_KEY,))
         raw.execute("CREATE TABLE IF NOT EXISTS tally_schema_version ("
                     " version BIGINT NOT NULL, one_row BOOLEAN PRIMARY KEY DEFAULT true"
                     " CHECK (one_row))")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import time
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -18,8 +18,8 @@ import webtest
 
 from app import create_app
 from metrics import LOCAL
-from storage.db import Database
-from tests.conftest import bearer, http, rows, run_cli
+from storage.backend import open_database
+from tests.conftest import WriteLock, bearer, http, rows, run_cli
 from tests.stripe_events import (
     FIXTURES,
     SECRET,
@@ -237,19 +237,17 @@ def test_a_refund_takes_its_charges_customer_whatever_the_order(stripe_site, db_
 
 
 def test_locked_database_is_503_and_the_retry_applies(config, clock, db_path):
-    app = create_app(config, db=Database(config.db_path, busy_timeout_ms=100), clock=clock)
+    app = create_app(config, db=open_database(replace(config, busy_timeout_ms=100)), clock=clock)
     account = app.directory.create_account("Busy", "free")
     site = app.directory.create_site(account["id"], ["busy.test"])
     set_secret(db_path, site["id"])
     hook = Stripe(webtest.TestApp(app), site["id"])
-    blocker = sqlite3.connect(db_path, isolation_level=None)
+    blocker = WriteLock(db_path)
     try:
-        blocker.execute("BEGIN IMMEDIATE")
         error = hook.post(_event(), status=503)["error"]
         assert error == {"code": "rate_limited", "message": "the database is busy; retry after 2 seconds"}
     finally:
-        blocker.execute("ROLLBACK")
-        blocker.close()
+        blocker.release()
     assert rows(db_path, "SELECT count(*) AS n FROM stripe_events") == [{"n": 0}]
     assert hook.post(_event())["data"]["status"] == "applied"
     app.stop(timeout=5)
