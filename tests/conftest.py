@@ -229,6 +229,19 @@ def execute(db_path: str, sql: str, params=()) -> int:
         conn.close()
 
 
+def database_dump(db_path: str) -> str:
+    """Everything stored, as text: SQLite's iterdump, or pg_dump of the test's schema."""
+    if not is_postgres(db_path):
+        conn = sqlite3.connect(db_path)
+        try:
+            return "\n".join(conn.iterdump())
+        finally:
+            conn.close()
+    schema = rows(db_path, "SELECT current_schema() AS name")[0]["name"]
+    return subprocess.run(["pg_dump", f"--schema={schema}", f"--dbname={db_path}"],
+                          check=True, capture_output=True, text=True, timeout=60).stdout
+
+
 def _postgres_rows(url: str, sql: str, params) -> list[dict]:
     from storage.postgres import PostgresDatabase
 

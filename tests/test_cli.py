@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_json, is_postgres, rows, run_cli
+from tests.conftest import cli_json, database_dump, is_postgres, rows, run_cli
 
 
 def test_account_site_key_lifecycle(db_path):
@@ -56,10 +55,7 @@ def test_secret_is_stored_only_as_a_hash(db_path):
     site = cli_json("site", "create", "--account", account["id"], "--host", "a.test", db=db_path)
     key = cli_json("key", "create", "--site", site["id"], "--scope", "events", db=db_path)
     if is_postgres(db_path):  # everything stored, as pg_dump writes it out
-        schema = rows(db_path, "SELECT current_schema() AS name")[0]["name"]
-        raw = subprocess.run(["pg_dump", "--data-only", f"--schema={schema}",
-                              f"--dbname={db_path}"], check=True, capture_output=True,
-                             timeout=60).stdout
+        raw = database_dump(db_path).encode()
         assert site["id"].encode() in raw
     else:
         raw = b"".join(p.read_bytes() for p in Path(db_path).parent.glob("tally.db*"))

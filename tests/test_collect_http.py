@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import sqlite3
 
 import orjson
 import pytest
@@ -16,7 +15,7 @@ from config import Config, ConfigError
 from enrichment.browser_ids import browser_visitor_id
 from enrichment.visitor import visitor_id
 from quota.usage import seconds_until_next_month
-from tests.conftest import bearer, rows
+from tests.conftest import WriteLock, bearer, config_for, rows
 from tests.test_events_http import FIREFOX, flush
 from tests.test_http_foundation import assert_envelope
 from tests.test_quota import assert_quota_refusal, seed_usage
@@ -247,14 +246,13 @@ def test_quota_applies(client, site, db_path, clock):
 
 
 def test_a_full_queue_is_503_with_retry_after(db_path, clock):
-    app = create_app(Config(db_path=db_path, queue_max=1, flush_interval=3600), clock=clock)
+    app = create_app(config_for(db_path, queue_max=1, flush_interval=3600), clock=clock)
     app.flusher.busy_timeout_ms = 20
     app.flusher.backoff = (0.02, 0.1)
     client = webtest.TestApp(app)
     account = app.directory.create_account("Q", "scale")
     site_id = app.directory.create_site(account["id"], ["example.com"])["id"]
-    blocker = sqlite3.connect(db_path, isolation_level=None)
-    blocker.execute("BEGIN IMMEDIATE")
+    blocker = WriteLock(db_path)
     try:
         assert collect(client, hit(site_id)).status_int == 204
         resp = collect(client, hit(site_id))
@@ -262,8 +260,7 @@ def test_a_full_queue_is_503_with_retry_after(db_path, clock):
         assert resp.headers["Retry-After"] == "2"
         assert resp.headers["Access-Control-Allow-Origin"] == "*"
     finally:
-        blocker.execute("ROLLBACK")
-        blocker.close()
+        blocker.release()
         app.stop(timeout=5)
     assert len(events(db_path)) == 1
 

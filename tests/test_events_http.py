@@ -4,15 +4,13 @@ what is stored, and the bounded queue."""
 from __future__ import annotations
 
 import io
-import sqlite3
 import time
 
 import orjson
 import pytest
 
 from app import create_app
-from config import Config
-from tests.conftest import bearer, rows
+from tests.conftest import WriteLock, bearer, config_for, database_dump, rows
 from tests.test_http_foundation import assert_envelope
 
 FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
@@ -274,7 +272,8 @@ def test_raw_ip_is_never_stored(client, site, tally, db_path):
     post(client, site["key"], pageview(site["site"]["id"], ip="198.51.100.77", ua=FIREFOX))
     flush(tally)
     tally.stop(timeout=5)
-    dump = "\n".join(sqlite3.connect(db_path).iterdump())
+    dump = database_dump(db_path)
+    assert "pageview" in dump
     assert "198.51.100.77" not in dump
     assert bytes([198, 51, 100, 77]).hex() not in dump.lower()
 
@@ -293,7 +292,7 @@ def test_batch_is_stored_in_order(client, site, tally, db_path):
 
 @pytest.fixture
 def small_queue(db_path, clock):
-    app = create_app(Config(db_path=db_path, queue_max=60, flush_interval=3600), clock=clock)
+    app = create_app(config_for(db_path, queue_max=60, flush_interval=3600), clock=clock)
     app.flusher.busy_timeout_ms = 20
     app.flusher.backoff = (0.02, 0.1)
     yield app
@@ -320,8 +319,7 @@ def test_queue_full_is_503_and_takes_nothing_of_the_request(small_queue, db_path
     site_id = directory.create_site(account["id"], ["example.com"])["id"]
     key = directory.create_key(site_id, ["events"])["key"]
 
-    blocker = sqlite3.connect(db_path, isolation_level=None)
-    blocker.execute("BEGIN IMMEDIATE")  # the database is locked: nothing can be stored
+    blocker = WriteLock(db_path)  # the database is locked: nothing can be stored
     try:
         assert post(client, key, batch_of(site_id, 50, "first")).status_int == 204
         assert not small_queue.flusher.flush_now(timeout=0.2)
@@ -332,8 +330,7 @@ def test_queue_full_is_503_and_takes_nothing_of_the_request(small_queue, db_path
         assert post(client, key, batch_of(site_id, 10, "last")).status_int == 204
         assert_envelope(post(client, key, pageview(site_id, e="one more")), 503, "rate_limited")
     finally:
-        blocker.execute("ROLLBACK")
-        blocker.close()
+        blocker.release()
     assert small_queue.flusher.flush_now(timeout=30)
     names = stored_names(db_path)
     assert names.count("first") == 50 and names.count("last") == 10 and len(names) == 60
@@ -353,8 +350,7 @@ def test_nothing_is_lost_while_the_database_is_locked(small_queue, db_path):
     assert post(client, key, pageview(site_id, e="before")).status_int == 204
     assert small_queue.flusher.flush_now(timeout=30)
 
-    blocker = sqlite3.connect(db_path, isolation_level=None)
-    blocker.execute("BEGIN IMMEDIATE")
+    blocker = WriteLock(db_path)
     try:
         accepted = 0
         for i in range(40):
@@ -364,8 +360,7 @@ def test_nothing_is_lost_while_the_database_is_locked(small_queue, db_path):
                 small_queue.flusher.flush_now(timeout=0.05)
         wait_until(lambda: small_queue.flusher.failures >= 3)
     finally:
-        blocker.execute("ROLLBACK")
-        blocker.close()
+        blocker.release()
     assert accepted == 40
     assert small_queue.flusher.flush_now(timeout=30)
     assert stored_names(db_path) == ["before"] + [f"locked {i}" for i in range(40)]

@@ -4,7 +4,6 @@ several workers sharing one count, and `tally usage`."""
 from __future__ import annotations
 
 import calendar
-import sqlite3
 import time
 
 import orjson
@@ -12,10 +11,9 @@ import pytest
 import webtest
 
 from app import create_app
-from config import Config
 from quota.plans import PLANS
 from quota.usage import UtcMonths, month_of, seconds_until_next_month
-from tests.conftest import FakeClock, bearer, cli_json, http, run_cli
+from tests.conftest import FakeClock, bearer, cli_json, config_for, execute, http, rows, run_cli
 from tests.test_http_foundation import assert_envelope
 
 SEPTEMBER = calendar.timegm((2026, 9, 21, 14, 13, 20))  # FakeClock's default start
@@ -27,7 +25,7 @@ class Worker:
     """One Tally app (as one gunicorn worker holds) with a test client."""
 
     def __init__(self, db_path: str, clock: FakeClock):
-        self.app = create_app(Config(db_path=db_path), clock=clock)
+        self.app = create_app(config_for(db_path), clock=clock)
         self.client = webtest.TestApp(self.app)
 
     def send(self, key: str, body: dict):
@@ -70,23 +68,15 @@ def batch(site_id: str, count: int = 50, name: str = "pageview") -> dict:
 
 
 def usage(db_path: str, month: str = "2026-09") -> int:
-    conn = sqlite3.connect(db_path)
-    try:
-        row = conn.execute("SELECT sum(events) FROM monthly_usage WHERE month = ?", (month,)).fetchone()
-        return row[0] or 0
-    finally:
-        conn.close()
+    (row,) = rows(db_path, "SELECT sum(events) AS n FROM monthly_usage WHERE month = ?", (month,))
+    return row["n"] or 0
 
 
 def seed_usage(db_path: str, account_public_id: str, events: int, month: str = "2026-09") -> None:
     """Counts as other workers' stored traffic would have left them."""
-    conn = sqlite3.connect(db_path)
-    with conn:
-        conn.execute(
-            "INSERT INTO monthly_usage (account_id, month, events)"
-            " SELECT id, ?, ? FROM accounts WHERE public_id = ?",
+    execute(db_path, "INSERT INTO monthly_usage (account_id, month, events)"
+                     " SELECT id, ?, ? FROM accounts WHERE public_id = ?",
             (month, events, account_public_id))
-    conn.close()
 
 
 def assert_quota_refusal(resp, retry_after: int) -> None:
@@ -140,10 +130,7 @@ def test_paid_plans_accept_up_to_twice_the_allowance(worker, db_path, plan):
     seed_usage(db_path, account["id"], allowance + 1)  # past the allowance: still accepted
     assert worker.send(key, batch(site_id, 50)).status_int == 204
     worker.flush()
-    conn = sqlite3.connect(db_path)
-    with conn:
-        conn.execute("UPDATE monthly_usage SET events = ?", (2 * allowance - 1,))
-    conn.close()
+    execute(db_path, "UPDATE monthly_usage SET events = ?", (2 * allowance - 1,))
     worker.app.clock.advance(1.01)  # the shared count is re-read at most once a second
     assert worker.send(key, batch(site_id, 2)).status_int == 204
     assert_quota_refusal(worker.send(key, batch(site_id, 1)), TO_OCTOBER - 1)
@@ -162,10 +149,8 @@ def test_identify_and_bots_are_not_counted(worker, db_path):
         assert worker.send(key, bots).status_int == 204
     worker.flush()
     assert usage(db_path) == 10_990
-    conn = sqlite3.connect(db_path)
-    assert conn.execute("SELECT name, count(*) FROM events GROUP BY name").fetchall() == [
-        ("$identify", 150)]
-    conn.close()
+    assert rows(db_path, "SELECT name, count(*) AS n FROM events GROUP BY name") == [
+        {"name": "$identify", "n": 150}]
     assert worker.send(key, batch(site_id, 10)).status_int == 204
     assert_quota_refusal(worker.send(key, batch(site_id, 1)), TO_OCTOBER)
 
@@ -183,11 +168,11 @@ def test_two_sites_of_one_account_share_the_count(worker, db_path):
     body_c = {"s": site_c, "b": [{"e": "x", "u": "https://other.test/"}]}
     assert worker.send(key_c, body_c).status_int == 204  # another account: its own count
     worker.flush()
-    conn = sqlite3.connect(db_path)
-    assert conn.execute(
+    assert rows(
+        db_path,
         "SELECT a.public_id, u.events FROM monthly_usage u JOIN accounts a ON a.id = u.account_id"
-        " ORDER BY u.events").fetchall() == [(other_account["id"], 1), (account["id"], 11_000)]
-    conn.close()
+        " ORDER BY u.events") == [{"public_id": other_account["id"], "events": 1},
+                                  {"public_id": account["id"], "events": 11_000}]
 
 
 def test_count_starts_again_on_the_first_of_the_month(worker, clock, db_path):
@@ -288,9 +273,7 @@ def test_every_worker_refuses_within_the_bound(db_path, server_factory):
         assert 0 < int(response_headers["Retry-After"]) <= 31 * 86_400
     assert server.stop() == 0
     assert usage(db_path, month_of(time.time())) == accepted  # stored count == acknowledged
-    conn = sqlite3.connect(db_path)
-    assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == accepted
-    conn.close()
+    assert rows(db_path, "SELECT count(*) AS n FROM events") == [{"n": accepted}]
 
 
 def test_cached_month_follows_the_clock_both_ways():
