@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,17 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.conftest import Server, bearer, cli_json, http, run_cli
+from tests.conftest import (
+    Server,
+    WriteLock,
+    bearer,
+    cli_json,
+    execute,
+    http,
+    is_postgres,
+    rows,
+    run_cli,
+)
 from tests.fsfaults import fill, tiny_filesystem
 from tests.routes import event, payment
 from tests.test_openapi import PENDING
@@ -51,13 +60,11 @@ def send_payment(server: Server, world: dict, payment_id: str) -> tuple[int, dic
 
 
 def stored_event_numbers(db: str) -> set[int]:
-    with sqlite3.connect(db, timeout=30) as conn:
-        return {int(p[3:]) for (p,) in conn.execute("SELECT pathname FROM events")}
+    return {int(row["pathname"][3:]) for row in rows(db, "SELECT pathname FROM events")}
 
 
 def stored_payments(db: str) -> set[str]:
-    with sqlite3.connect(db, timeout=30) as conn:
-        return {p for (p,) in conn.execute("SELECT payment_id FROM payments")}
+    return {row["payment_id"] for row in rows(db, "SELECT payment_id FROM payments")}
 
 
 def wait_until(condition, timeout: float = 60.0) -> bool:
@@ -108,8 +115,7 @@ def test_a_locked_database_answers_503_and_loses_nothing(db_path, server_factory
     assert send_event(server, world, 0)[0] == 204
     assert wait_until(lambda: stored_event_numbers(db_path) == {0}), server.log()[-3000:]
 
-    lock = sqlite3.connect(db_path, isolation_level=None)
-    lock.execute("BEGIN IMMEDIATE")  # another connection holds the write lock
+    lock = WriteLock(db_path)  # another connection holds the write lock
     try:
         acked, refused = fill_queues(server, world, 1, 200)
         assert refused, "the queues never filled"
@@ -124,8 +130,7 @@ def test_a_locked_database_answers_503_and_loses_nothing(db_path, server_factory
         for status, headers, body in answers.values():
             assert_refusal(status, headers, body, (503,))
     finally:
-        lock.execute("ROLLBACK")
-        lock.close()
+        lock.release()
 
     expected = {0} | acked
     assert wait_until(lambda: stored_event_numbers(db_path) >= expected), server.log()[-3000:]
@@ -137,7 +142,7 @@ def test_a_locked_database_answers_503_and_loses_nothing(db_path, server_factory
     assert send_event(server, world, 999)[0] == 204
     server.stop()
     assert stored_event_numbers(db_path) == expected | {999}
-    assert "database is locked" in server.log()
+    assert ("lock timeout" if is_postgres(db_path) else "database is locked") in server.log()
     assert_database_consistent(db_path)
 
 
@@ -172,6 +177,45 @@ def test_a_full_disk_refuses_loses_nothing_and_recovers(tmp_path):
         assert stored_event_numbers(db) == acked | {999}
         assert stored_payments(db) == {"pay_before"} | set(answers)
         assert_database_consistent(db)
+
+
+def test_a_full_disk_on_postgresql_refuses_loses_nothing_and_recovers(postgres_schema,
+                                                                     tmp_path):
+    """The server's disk fills: every write fails with disk_full (raised here by triggers,
+    as PostgreSQL raises it when it cannot extend a file). Payments are refused, events
+    wait in the queues (503 once they are full), and all of it is stored once space returns."""
+    db = postgres_schema
+    world = seed(db)
+    server = Server(db, workers=2, log_path=tmp_path / "server.log",
+                    env={"TALLY_QUEUE_MAX": "50", "TALLY_FLUSH_INTERVAL": "0.2"}).wait_ready()
+    try:
+        assert send_payment(server, world, "pay_before")[0] == 200
+        execute(db, "CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$"
+                    " BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'"
+                    " USING ERRCODE = 'disk_full'; END $$")
+        for table in ("events", "payments"):
+            execute(db, f"CREATE TRIGGER disk_full BEFORE INSERT OR UPDATE ON {table}"
+                        " FOR EACH ROW EXECUTE FUNCTION disk_full()")
+        answers = {f"pay_full_{n}": send_payment(server, world, f"pay_full_{n}") for n in range(3)}
+        for answer in answers.values():
+            assert_refusal(*answer, (500,))
+        assert stored_payments(db) == {"pay_before"}  # 200 only when stored
+        acked, refused = fill_queues(server, world, 1, 200)
+        assert refused, "the queues never filled"
+        assert "No space left on device" in server.log()
+
+        for table in ("events", "payments"):
+            execute(db, f"DROP TRIGGER disk_full ON {table}")  # space returns
+        assert wait_until(lambda: stored_event_numbers(db) >= acked), server.log()[-3000:]
+        for payment_id in answers:
+            assert send_payment(server, world, payment_id)[0] == 200
+        assert send_event(server, world, 999)[0] == 204
+    finally:
+        server.stop()
+    assert stored_event_numbers(db) == acked | {999}
+    assert stored_payments(db) == {"pay_before"} | set(answers)
+    assert rows(db, "SELECT count(*) AS n FROM dead_letters") == [{"n": 0}]
+    assert_database_consistent(db)
 
 
 class Load:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import socket
-import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 import pytest
 
-from tests.conftest import bearer, cli_json, http
+from tests.conftest import bearer, cli_json, http, rows
 from tests.test_payments_http import FULL, body_of_size
 
 pytestmark = pytest.mark.slow
@@ -24,11 +23,7 @@ def served(db_path, server_factory):
 
 
 def count(db_path: str, table: str) -> int:
-    conn = sqlite3.connect(db_path)
-    try:
-        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608 - fixed names
-    finally:
-        conn.close()
+    return rows(db_path, f"SELECT count(*) AS n FROM {table}")[0]["n"]  # noqa: S608 - fixed names
 
 
 def test_32_concurrent_identical_payments_store_one(served, db_path):
