@@ -9,14 +9,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.conftest import bearer, cli_json, http, rows
+from tests.conftest import bearer, cli_json, http, is_postgres, rows
 
 pytestmark = pytest.mark.slow
 
 UA = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
 
 
-def test_backups_under_load_are_consistent_and_restore(db_path, server_factory, tmp_path):
+def test_backups_under_load_are_consistent_and_restore(db_path, server_factory, tmp_path,
+                                                       restore_backup):
     account = cli_json("account", "create", "--name", "Backup", "--plan", "scale", db=db_path)
     site = cli_json("site", "create", "--account", account["id"], "--host", "b.example", db=db_path)
     key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
@@ -62,27 +63,34 @@ def test_backups_under_load_are_consistent_and_restore(db_path, server_factory, 
             writer.join(30)
     counts = []
     for copy in copies:
-        assert cli_json("check", db=str(copy))["ok"], copy
-        counts.append(rows(str(copy), "SELECT count(*) AS n FROM events")[0]["n"])
-        assert rows(str(copy), "SELECT count(*) AS n FROM payments WHERE payment_id = ?",
+        restored = restore_backup(db_path, copy)
+        assert cli_json("check", db=restored)["ok"], copy
+        counts.append(rows(restored, "SELECT count(*) AS n FROM events")[0]["n"])
+        assert rows(restored, "SELECT count(*) AS n FROM payments WHERE payment_id = ?",
                     ("pay_before_backup",))[0]["n"] == 1
     assert counts == sorted(counts) and counts[-1] > 0
     assert server.stop() == 0
     assert rows(db_path, "SELECT count(*) AS n FROM events")[0]["n"] == sent["events"] >= counts[-1]
 
-    # Restore, as README's runbook says: stop, set the live files aside, copy the backup
-    # in, check, start.
-    live = Path(db_path)
-    aside = tmp_path / "aside"
-    aside.mkdir()
-    for suffix in ("", "-wal", "-shm"):
-        if Path(f"{live}{suffix}").exists():
-            shutil.move(f"{live}{suffix}", aside / f"tally.db{suffix}")
-    shutil.copyfile(copies[0], live)
-    assert cli_json("check", db=db_path)["ok"]
-    restored = server_factory(db_path, workers=1)
+    # Restore, as README's runbook says. SQLite: stop, set the live files aside, copy the
+    # backup in, check, start. PostgreSQL: pg_restore into a new database, check, point
+    # the servers at it, start.
+    if is_postgres(db_path):
+        live = restore_backup(db_path, copies[0])
+    else:
+        live = db_path
+        aside = tmp_path / "aside"
+        aside.mkdir()
+        for suffix in ("", "-wal", "-shm"):
+            if Path(f"{live}{suffix}").exists():
+                shutil.move(f"{live}{suffix}", aside / f"tally.db{suffix}")
+        shutil.copyfile(copies[0], live)
+    assert cli_json("check", db=live)["ok"]
+    restored = server_factory(live, workers=1)
     status, _, body = http("GET", restored.url + "/api/v1/payments/pay_before_backup", None, bearer(key))
     assert status == 200, body
-    assert rows(db_path, "SELECT count(*) AS n FROM events")[0]["n"] == counts[0]
+    assert rows(live, "SELECT count(*) AS n FROM events")[0]["n"] == counts[0]
     assert http("POST", restored.url + "/api/v1/events", orjson.dumps(
         {"s": site["id"], "e": "pageview", "u": "https://b.example/after", "ua": UA}), headers)[0] == 204
+    restored.stop()
+    assert rows(live, "SELECT count(*) AS n FROM events")[0]["n"] == counts[0] + 1
