@@ -5,7 +5,6 @@ Tally: zero loss under back-pressure, no retry storm over quota, retries through
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 import time
 
@@ -13,7 +12,7 @@ import pytest
 from tally_client import Tally, TallyError
 
 from quota.usage import month_of
-from tests.conftest import cli_json, rows, run_cli
+from tests.conftest import WriteLock, cli_json, connect, rows, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -60,8 +59,8 @@ class Errors:
             self.calls.append((error, batch))
 
 
-def test_zero_loss_through_503s_from_a_tiny_queue(tmp_path, server_factory):
-    db = str(tmp_path / "tally.db")
+def test_zero_loss_through_503s_from_a_tiny_queue(db_path, server_factory):
+    db = db_path
     ids = make_site(db)
     server = server_factory(db, workers=2, env={"TALLY_QUEUE_MAX": "500",
                                                 "TALLY_FLUSH_INTERVAL": "0.5"})
@@ -71,8 +70,7 @@ def test_zero_loss_through_503s_from_a_tiny_queue(tmp_path, server_factory):
     # The write lock held by another connection keeps the flush from storing, so the
     # server's queues of 500 fill and answer 503 however fast the server is; it is let
     # go once the client has had to back off.
-    lock = sqlite3.connect(db, isolation_level=None, timeout=30)
-    lock.execute("BEGIN IMMEDIATE")
+    lock = WriteLock(db)
 
     def send(thread: int) -> None:
         for n in range(2_500):
@@ -84,8 +82,7 @@ def test_zero_loss_through_503s_from_a_tiny_queue(tmp_path, server_factory):
     deadline = time.monotonic() + 60
     while client.stats["retries"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    lock.execute("ROLLBACK")
-    lock.close()
+    lock.release()
     for thread in threads:
         thread.join()
     assert client.stats["retries"] > 0, "no 503 while the write lock was held"
@@ -98,13 +95,14 @@ def test_zero_loss_through_503s_from_a_tiny_queue(tmp_path, server_factory):
     client.close()
 
 
-def test_over_quota_the_client_stops_sending_instead_of_retrying(tmp_path, server_factory):
-    db = str(tmp_path / "tally.db")
+def test_over_quota_the_client_stops_sending_instead_of_retrying(db_path, tmp_path, server_factory):
+    db = db_path
     ids = make_site(db, plan="free")
-    with sqlite3.connect(db) as conn:
-        conn.execute("INSERT INTO monthly_usage (account_id, month, events) "
-                     "SELECT id, ?, 11000 FROM accounts WHERE public_id = ?",
-                     (month_of(time.time()), ids["account"]))
+    conn = connect(db)
+    conn.execute("INSERT INTO monthly_usage (account_id, month, events) "
+                 "SELECT id, ?, 11000 FROM accounts WHERE public_id = ?",
+                 (month_of(time.time()), ids["account"]))
+    conn.close()
     log = tmp_path / "requests.log"
     server = server_factory(db, workers=1, app="tests.faulty_app:app",
                             env={"TEST_REQUEST_LOG": str(log)})
@@ -126,8 +124,8 @@ def test_over_quota_the_client_stops_sending_instead_of_retrying(tmp_path, serve
     client.close()
 
 
-def test_a_batch_gets_through_a_server_answering_500_twice(tmp_path, server_factory):
-    db = str(tmp_path / "tally.db")
+def test_a_batch_gets_through_a_server_answering_500_twice(db_path, tmp_path, server_factory):
+    db = db_path
     ids = make_site(db)
     log = tmp_path / "requests.log"
     server = server_factory(db, workers=1, app="tests.faulty_app:app", env={
@@ -144,8 +142,8 @@ def test_a_batch_gets_through_a_server_answering_500_twice(tmp_path, server_fact
     client.close()
 
 
-def test_other_4xx_are_reported_once_and_never_retried(tmp_path, server_factory):
-    db = str(tmp_path / "tally.db")
+def test_other_4xx_are_reported_once_and_never_retried(db_path, tmp_path, server_factory):
+    db = db_path
     ids = make_site(db)
     log = tmp_path / "requests.log"
     server = server_factory(db, workers=1, app="tests.faulty_app:app",
@@ -163,8 +161,8 @@ def test_other_4xx_are_reported_once_and_never_retried(tmp_path, server_factory)
     client.close()
 
 
-def test_a_payment_is_retried_after_a_503_and_stored_once(tmp_path, server_factory):
-    db = str(tmp_path / "tally.db")
+def test_a_payment_is_retried_after_a_503_and_stored_once(db_path, tmp_path, server_factory):
+    db = db_path
     ids = make_site(db)
     log = tmp_path / "requests.log"
     server = server_factory(db, workers=1, app="tests.faulty_app:app", env={
@@ -189,8 +187,8 @@ def test_a_payment_is_retried_after_a_503_and_stored_once(tmp_path, server_facto
     client.close()
 
 
-def test_close_under_load_leaves_nothing_queued(tmp_path, server_factory):
-    db = str(tmp_path / "tally.db")
+def test_close_under_load_leaves_nothing_queued(db_path, server_factory):
+    db = db_path
     ids = make_site(db)
     server = server_factory(db, workers=2)
     client = Tally(server.url, ids["key"], ids["site"], flush_interval=0.05)
@@ -214,8 +212,8 @@ def test_close_under_load_leaves_nothing_queued(tmp_path, server_factory):
     assert wait_stored(db, sum(queued)) == sum(queued)
 
 
-def test_a_forked_child_sends_its_own_events(tmp_path, server_factory):
-    db = str(tmp_path / "tally.db")
+def test_a_forked_child_sends_its_own_events(db_path, server_factory):
+    db = db_path
     ids = make_site(db)
     server = server_factory(db, workers=1)
     client = Tally(server.url, ids["key"], ids["site"], flush_interval=0.05)
@@ -233,8 +231,8 @@ def test_a_forked_child_sends_its_own_events(tmp_path, server_factory):
     assert wait_stored(db, 2, "parent") == 2
 
 
-def test_sync_mode_sends_in_the_calling_thread(tmp_path, server_factory):
-    db = str(tmp_path / "tally.db")
+def test_sync_mode_sends_in_the_calling_thread(db_path, server_factory):
+    db = db_path
     ids = make_site(db)
     server = server_factory(db, workers=1)
     client = Tally(server.url, ids["key"], ids["site"], sync=True)
