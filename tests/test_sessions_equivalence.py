@@ -3,13 +3,15 @@ whole flush write stores exactly what it stored.
 
 attribution.sessions.SessionWriter loads a batch's sessions with one query and writes
 with executemany; tests/sessions_reference.py is the writer it replaced, which looked
-each visitor up in the database in turn. Both run on their own real SQLite file with the
-same sites and customers, batch after batch of hits drawn around a midnight UTC (so
-visits cross it under two visitor ids), with 30-minute gaps hit exactly, late earlier
-events, $identify links and a second site. After every batch the session ids returned
-and every table the step writes (sessions, session_visitors, visitor_identities and the
-trigger-kept customer_first_touch) must be identical. The reference side also keeps the
-session_visitors trigger as it was before its WHEN guard (schema version 8).
+each visitor up in the database in turn. The reference runs on a real SQLite file and
+the set-based writer on the backend under test (a SQLite file or a PostgreSQL schema),
+with the same sites and customers, batch after batch of hits drawn around a midnight UTC
+(so visits cross it under two visitor ids), with 30-minute gaps hit exactly, late
+earlier events, $identify links and a second site. After every batch the session ids
+returned and every table the step writes (sessions, session_visitors,
+visitor_identities, and the trigger-kept customer_first_touch and first_touch_refresh)
+must be identical. The reference side also keeps the session_visitors trigger as it was
+before its WHEN guard (schema version 8), as PostgreSQL's schema has it.
 
 The flush-level test runs accepted units through Enricher.build and write_batch against
 the reference write (per-visitor writer, yesterday's id hashed for every event, one
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import os
 import random
+from contextlib import ExitStack
 from datetime import UTC, datetime
 
 import pytest
@@ -33,8 +36,9 @@ from enrichment.urls import campaign, pathname, url_host
 from enrichment.visitor import utc_day
 from ingest.pipeline import write_batch
 from ingest.queue import Accepted
+from storage.backend import open_database
 from storage.db import Database, schema
-from tests.conftest import FakeClock, counting_bytes
+from tests.conftest import FakeClock, config_for, counting_bytes, new_postgres_schema
 from tests.sessions_reference import ReferenceSessionWriter, reference_write_batch
 from validation.event import IDENTIFY, parse_events
 from vocabulary import CLICK_IDS
@@ -68,7 +72,7 @@ TABLES = {
     "session_visitors": "SELECT * FROM session_visitors ORDER BY session_id, visitor_id",
     "visitor_identities": "SELECT * FROM visitor_identities ORDER BY site_id, uid, visitor_id",
     "customer_first_touch": "SELECT * FROM customer_first_touch ORDER BY site_id, customer_id",
-    "first_touch_refresh": "SELECT * FROM first_touch_refresh",
+    "first_touch_refresh": "SELECT * FROM first_touch_refresh ORDER BY site_id, customer_id",
 }
 
 
@@ -101,32 +105,49 @@ hits = st.builds(
 )
 
 
+def seed_sites(conn, *, reference: bool) -> None:
+    """The sites and customers both sides start from; the reference's old trigger."""
+    if reference:
+        conn.execute("DROP TRIGGER first_touch_new_session_visitor")
+        conn.execute(UNGUARDED_TRIGGER)
+    conn.execute("INSERT INTO accounts (id, public_id, name, created_at)"
+                 " VALUES (1, 'acct_a', 'A', 0)")
+    for site_id, host in SITES.items():
+        conn.execute("INSERT INTO sites (id, public_id, account_id, created_at)"
+                     " VALUES (?, ?, 1, 0)", (site_id, f"site_{site_id}"))
+        conn.execute("INSERT INTO site_hosts (site_id, host) VALUES (?, ?)", (site_id, host))
+    conn.executemany(
+        "INSERT INTO customers (site_id, customer_id, user_id, visitor_id, as_of_ms,"
+        " created_at, updated_at) VALUES (?, ?, ?, ?, 0, 0, 0)", CUSTOMERS)
+
+
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """Two databases with the same sites and customers: (connection, writer) each."""
+def seeded(tmp_path_factory):
+    """Seeded connections made once for the module: "reference" (SQLite), and the
+    set-based side's on "sqlite" or "postgres", made when a test first asks."""
     folder = tmp_path_factory.mktemp("equivalence")
-    sides = []
-    for name, writer in (("reference", ReferenceSessionWriter(hosts_of_site)),
-                         ("set_based", SessionWriter())):
-        conn = Database(str(folder / f"{name}.db")).connect()
-        with conn:
-            if name == "reference":
-                conn.execute("DROP TRIGGER first_touch_new_session_visitor")
-                conn.execute(UNGUARDED_TRIGGER)
-            conn.execute("INSERT INTO accounts (id, public_id, name, created_at)"
-                         " VALUES (1, 'acct_a', 'A', 0)")
-            for site_id, host in SITES.items():
-                conn.execute("INSERT INTO sites (id, public_id, account_id, created_at)"
-                             " VALUES (?, ?, 1, 0)", (site_id, f"site_{site_id}"))
-                conn.execute("INSERT INTO site_hosts (site_id, host) VALUES (?, ?)",
-                             (site_id, host))
-            conn.executemany(
-                "INSERT INTO customers (site_id, customer_id, user_id, visitor_id, as_of_ms,"
-                " created_at, updated_at) VALUES (?, ?, ?, ?, 0, 0, 0)", CUSTOMERS)
-        sides.append((conn, writer))
-    yield sides
-    for conn, _ in sides:
-        conn.close()
+    with ExitStack() as stack:
+        made = {}
+
+        def connection(name: str):
+            if name not in made:
+                if name == "postgres":
+                    db = open_database(config_for(stack.enter_context(new_postgres_schema())))
+                else:
+                    db = Database(str(folder / f"{name}.db"))
+                made[name] = db.connect()
+                stack.callback(made[name].close)
+                seed_sites(made[name], reference=name == "reference")
+            return made[name]
+
+        yield connection
+
+
+@pytest.fixture
+def pair(seeded, backend):
+    """(connection, writer): the reference on SQLite, the set-based one on `backend`."""
+    return [(seeded("reference"), ReferenceSessionWriter(hosts_of_site)),
+            (seeded(backend), SessionWriter())]
 
 
 def tables(conn) -> dict[str, list[tuple]]:
@@ -148,12 +169,19 @@ def assert_same(pair, batches: list[list[Hit]]) -> None:
             conn.execute("ROLLBACK")
 
 
-@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES") or 250),
-          derandomize=not os.environ.get("FUZZ_EXAMPLES"), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(batches=st.lists(st.lists(hits, min_size=1, max_size=12), min_size=1, max_size=5))
-def test_small_batches_around_midnight_match_the_per_visitor_writer(pair, batches):
-    assert_same(pair, batches)
+# PostgreSQL's side answers every statement over a socket: fewer examples there.
+EXAMPLES = {"sqlite": 250, "postgres": 100}
+
+
+def test_small_batches_around_midnight_match_the_per_visitor_writer(pair, backend):
+    @settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES") or EXAMPLES[backend]),
+              derandomize=not os.environ.get("FUZZ_EXAMPLES"), deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(batches=st.lists(st.lists(hits, min_size=1, max_size=12), min_size=1, max_size=5))
+    def check(batches):  # each example rolls its writes back (assert_same)
+        assert_same(pair, batches)
+
+    check()
 
 
 def page(ts: int, person: int = 1, day: int = 1, previous: bool = False, referrer=None) -> Hit:
@@ -203,6 +231,7 @@ def test_large_flushes_match_the_per_visitor_writer(pair, seed):
     assert_same(pair, batches)
 
 
+@pytest.mark.sqlite_only  # a SQLite file's schema upgrade
 def test_opening_an_older_database_replaces_the_unguarded_trigger(tmp_path):
     path = str(tmp_path / "old.db")
     conn = Database(path).connect()
@@ -245,12 +274,13 @@ def accepted_units(rnd: random.Random, site_public_id: str) -> list[Accepted]:
     return units
 
 
-def assert_same_flushes(tmp_path, flushes: list[tuple[int, list[Accepted]]]) -> list:
-    """Both writes store the (worker, units) flushes in turn; the tables must match after
-    each. Returns the set-based side's session_visitors rows."""
+def assert_same_flushes(db_path, tmp_path, flushes: list[tuple[int, list[Accepted]]]) -> list:
+    """The reference write (on SQLite) and write_batch (on the test's database) store the
+    (worker, units) flushes in turn; the tables must match after each. Returns the
+    set-based side's session_visitors rows."""
     sides = []
-    for name, write in (("reference", reference_write_batch), ("set_based", write_batch)):
-        db = Database(str(tmp_path / f"{name}.db"))
+    for db, write in ((Database(str(tmp_path / "reference.db")), reference_write_batch),
+                      (open_database(config_for(db_path)), write_batch)):
         conn = db.connect()
         conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
         conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 'site_1', 1, 0)")
@@ -259,7 +289,7 @@ def assert_same_flushes(tmp_path, flushes: list[tuple[int, list[Accepted]]]) -> 
             "INSERT INTO customers (site_id, customer_id, user_id, visitor_id, as_of_ms,"
             " created_at, updated_at) VALUES (?, ?, ?, ?, 0, 0, 0)",
             [c for c in CUSTOMERS if c[0] == 1])
-        if name == "reference":
+        if write is reference_write_batch:
             conn.execute("DROP TRIGGER first_touch_new_session_visitor")
             conn.execute(UNGUARDED_TRIGGER)
         salts = counting_bytes()  # both sides create the same salts in the same order
@@ -282,7 +312,8 @@ def assert_same_flushes(tmp_path, flushes: list[tuple[int, list[Accepted]]]) -> 
 
 
 @pytest.mark.parametrize("seed", [11, 12, 13, 14])
-def test_flushes_around_midnight_store_what_the_per_visitor_flush_stored(tmp_path, seed):
+def test_flushes_around_midnight_store_what_the_per_visitor_flush_stored(db_path, tmp_path,
+                                                                          seed):
     rnd = random.Random(seed)
     units = accepted_units(rnd, "site_1")
     workers = [[], []]  # each worker's queue: its share of the requests, in order
@@ -295,7 +326,7 @@ def test_flushes_around_midnight_store_what_the_per_visitor_flush_stored(tmp_pat
         if workers[worker]:
             flushes.append((worker, workers[worker][:take]))
             del workers[worker][:take]
-    links = assert_same_flushes(tmp_path, flushes)
+    links = assert_same_flushes(db_path, tmp_path, flushes)
     sessions_with_two_ids = {row[2] for row in links if [r[2] for r in links].count(row[2]) > 1}
     assert sessions_with_two_ids, "no visit crossed midnight: the test tests nothing"
 
@@ -310,7 +341,7 @@ def request(received: int, *events: tuple[int, str, str]) -> Accepted:
     return Accepted(1, 1, "2026-09", utc_day(received), clean, len(clean))
 
 
-def test_the_latest_event_yesterdays_id_can_still_continue(tmp_path):
+def test_the_latest_event_yesterdays_id_can_still_continue(db_path, tmp_path):
     # Received a millisecond before midnight, stamped the allowed minute ahead (at
     # midnight + 59,999 ms); the next day, received at 00:30, events 30 minutes after that
     # (continues: ts offset 59,999) and 30 minutes and 1 ms after it (does not: 60,000).
@@ -320,6 +351,6 @@ def test_the_latest_event_yesterdays_id_can_still_continue(tmp_path):
         (1, [request(MIDNIGHT + GAP, (59_999, "pageview", "81.2.69.1"),
                      (60_000, "pageview", "81.2.69.2"))]),
     ]
-    links = assert_same_flushes(tmp_path, flushes)
+    links = assert_same_flushes(db_path, tmp_path, flushes)
     # The first visitor's visit continued under both ids; the second's did not.
     assert sorted(session for _, _, session in links) == [1, 1, 2, 3]
