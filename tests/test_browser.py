@@ -1,6 +1,7 @@
 """The tracking script in real headless Chromium (Debian's chromium + chromium-driver).
 
-One browser and one in-process server per module. The server is a threaded WSGI server
+One browser per module; one in-process server per test, on the test's own database
+(either backend). The server is a threaded WSGI server
 on 127.0.0.1 that Chromium reaches as `shop.test` (the pages), `tally.test` (Tally: the
 script and the collect endpoint, created with a FakeClock) and `other.test` (a page
 elsewhere); the host resolver rules map them to loopback, so the pages are not local.
@@ -24,10 +25,9 @@ from selenium.webdriver.common.actions.mouse_button import MouseButton
 
 from app import create_app
 from attribution.first_touch import rfc3339_ms
-from config import Config
 from enrichment.browser_ids import browser_visitor_id
 from enrichment.visitor import visitor_id
-from tests.conftest import FakeClock, bearer, rows
+from tests.conftest import FakeClock, bearer, config_for, rows
 from tests.realparts import DESKTOP_UA, chromium_driver
 from validation.event import pack_ip
 
@@ -59,7 +59,7 @@ class World:
     def __init__(self, db_path: str):
         self.db_path = db_path
         self.clock = FakeClock()
-        self.app = create_app(Config(db_path=db_path), clock=self.clock)
+        self.app = create_app(config_for(db_path), clock=self.clock)
         self.client = webtest.TestApp(self.app)
         self.server = make_server("127.0.0.1", 0, self.dispatch, server_class=ThreadingServer,
                                   handler_class=QuietHandler)
@@ -135,9 +135,9 @@ class World:
         return visitor_id(salt["salt"], site["number"], pack_ip("127.0.0.1"), DESKTOP_UA)
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    world = World(str(tmp_path_factory.mktemp("browser") / "tally.db"))
+@pytest.fixture
+def world(db_path):
+    world = World(db_path)
     world.thread.start()
     yield world
     world.server.shutdown()
@@ -146,7 +146,7 @@ def world(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def module_driver(world):
+def module_driver():
     driver = chromium_driver(host_rules="MAP *.test 127.0.0.1")
     hidden = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
                                     {"source": HIDE_WEBDRIVER})
