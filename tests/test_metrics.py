@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -17,8 +16,18 @@ import webtest
 
 from app import create_app
 from config import Config, ConfigError
-from tests.conftest import BIN, bearer, cli_json, free_port, http
-from tests.test_quota import seed_usage
+from tests.conftest import (
+    BIN,
+    WriteLock,
+    _without_database,
+    bearer,
+    cli_json,
+    config_for,
+    connect,
+    database_env,
+    free_port,
+    http,
+)
 
 TOKEN = "metrics-token-0123456789"
 UA = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
@@ -40,7 +49,7 @@ def sample(text: str, name: str, **labels) -> float:
 
 
 def test_metrics_are_off_without_a_token(db_path):
-    app = create_app(Config(db_path=db_path))
+    app = create_app(config_for(db_path))
     resp = webtest.TestApp(app).get("/metrics", expect_errors=True)
     assert resp.status_int == 404
     assert resp.json["error"] == {"code": "not_found",
@@ -48,7 +57,7 @@ def test_metrics_are_off_without_a_token(db_path):
 
 
 def test_metrics_require_the_token(db_path):
-    client = webtest.TestApp(create_app(Config(db_path=db_path, metrics_token=TOKEN)))
+    client = webtest.TestApp(create_app(config_for(db_path, metrics_token=TOKEN)))
     for headers in ({}, bearer("wrong-token-0123456789"), {"Authorization": TOKEN}):
         resp = client.get("/metrics", headers=headers, expect_errors=True)
         assert resp.status_int == 401
@@ -89,7 +98,8 @@ class Served:
         self.proc = subprocess.Popen(
             [str(BIN / "tally"), "serve", "--bind", f"127.0.0.1:{self.port}", "--workers", "2"],
             cwd=tmp_path, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, "TALLY_DB": db, "TMPDIR": str(self.tmpdir), **env})
+            env={**_without_database(os.environ), **database_env(db), "TMPDIR": str(self.tmpdir),
+                 **env})
         deadline = time.monotonic() + 60
         while True:
             assert self.proc.poll() is None, self.log()
@@ -113,9 +123,20 @@ class Served:
         return self.proc.returncode
 
 
+def seed_usage(db: str, account_public_id: str, events: int, month: str) -> None:
+    """Counts as other workers' stored traffic would have left them."""
+    conn = connect(db)
+    try:
+        conn.execute("INSERT INTO monthly_usage (account_id, month, events)"
+                     " SELECT id, ?, ? FROM accounts WHERE public_id = ?",
+                     (month, events, account_public_id))
+    finally:
+        conn.close()
+
+
 @pytest.mark.slow
-def test_counters_after_known_traffic_add_up_over_two_workers(tmp_path):
-    db = str(tmp_path / "tally.db")
+def test_counters_after_known_traffic_add_up_over_two_workers(db_path, tmp_path):
+    db = db_path
     account = cli_json("account", "create", "--name", "Metrics", db=db)
     site = cli_json("site", "create", "--account", account["id"], "--host", "m.example", db=db)
     key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
@@ -142,14 +163,12 @@ def test_counters_after_known_traffic_add_up_over_two_workers(tmp_path):
         # While another connection holds the write lock nothing is stored, so 50-event
         # batches fill the workers' queues (50 events each: at most one batch a worker)
         # until one is refused whole with 503 rate_limited.
-        lock = sqlite3.connect(db, isolation_level=None)
-        lock.execute("BEGIN IMMEDIATE")
+        lock = WriteLock(db)
         batches = 0
         lean = {"e": "pageview", "u": "https://m.example/"}  # 50 of them fit in 8 KiB
         while (status := post({"s": site["id"], "b": [lean] * 50})) == 204:
             batches += 1
-        lock.execute("ROLLBACK")
-        lock.close()
+        lock.release()
         assert status == 503 and batches <= 2
         accepted = 11 + 50 * batches
         full_headers = {**bearer(full_key), "Content-Type": "application/json"}

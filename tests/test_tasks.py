@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 
 from app import create_app
-from config import Config
 from tasks import Task, Tasks
-from tests.conftest import FakeClock, counting_bytes
+from tests.conftest import FakeClock, config_for, counting_bytes
 from vocabulary import DAY_MS
 
 
@@ -33,9 +32,9 @@ def test_each_task_runs_when_due_and_a_failure_does_not_stop_the_others(caplog):
     assert ran == ["often", "rarely", "often", "often", "rarely"]
 
 
-def test_the_app_prunes_visitor_salts_as_a_background_task(tmp_path):
+def test_the_app_prunes_visitor_salts_as_a_background_task(db_path):
     clock = FakeClock()
-    tally = create_app(Config(db_path=str(tmp_path / "t.db")), clock=clock,
+    tally = create_app(config_for(db_path), clock=clock,
                        random_bytes=counting_bytes())
     assert [task.name for task in tally.tasks.tasks] == ["prune visitor salts older than yesterday"]
     today = int(clock() * 1000) // DAY_MS
