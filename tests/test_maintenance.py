@@ -218,3 +218,31 @@ def test_visitor_erase_takes_the_browser_id_of_the_script(client, tally, site, c
     assert count(db_path, "events") == 0 and count(db_path, "sessions") == 0
     assert count(db_path, "browser_links") == 0
     assert cli_json("check", db=db_path)["ok"]
+
+
+def test_postgres_backup_gives_pg_dump_the_password_outside_its_command_line(
+        postgres_schema, tmp_path, monkeypatch):
+    import subprocess
+
+    from storage.maintenance import backup
+    from storage.postgres import PostgresDatabase
+
+    url = postgres_schema.replace("postgres@", "postgres:s3cret-pw@", 1)  # trust auth ignores it
+    calls = []
+    run = subprocess.run
+
+    def spy(args, **options):
+        calls.append((args, options.get("env") or {}))
+        return run(args, **options)
+
+    monkeypatch.setattr(subprocess, "run", spy)
+    db = PostgresDatabase(url)
+    db.check_startup()  # tally init
+    try:
+        result = backup(db, str(tmp_path / "tally.dump"))
+    finally:
+        db.close()
+    assert result.integrity == "ok" and result.user_version == schema()[0]
+    assert [args[0].rsplit("/", 1)[-1] for args, _ in calls] == ["pg_dump", "pg_restore"]
+    assert all("s3cret-pw" not in " ".join(args) for args, _ in calls)
+    assert calls[0][1]["PGPASSWORD"] == "s3cret-pw"
