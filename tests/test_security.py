@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import runpy
 import socket
+from pathlib import Path
 
 import orjson
 import pytest
 
 from api.bodies import MAX_JSON_DEPTH, parse_json
 from api.errors import ApiError
-from tests.conftest import REPO, bearer, cli_json, http
+from tests.conftest import REPO, bearer, cli_json, connect, http, is_postgres
 from tests.routes import sample_request, served_now
 from tests.test_openapi import PENDING
 
@@ -58,8 +59,30 @@ def test_deep_bodies_are_refused_with_the_envelope(client, site, operation, leve
 # Keys at rest --------------------------------------------------------------
 
 
-def test_only_the_hash_of_a_key_is_stored(tmp_path):
-    db = str(tmp_path / "tally.db")
+def stored_bytes(db: str) -> bytes:
+    """Everything the database holds: SQLite's files byte for byte (free pages too), or
+    every row of every table of the test's PostgreSQL schema as text."""
+    if not is_postgres(db):
+        folder = Path(db).parent
+        return b"".join(p.read_bytes() for p in folder.iterdir()
+                        if p.name.startswith(Path(db).name))
+    from psycopg import sql
+
+    conn = connect(db)
+    try:
+        tables = [row[0] for row in conn.raw.execute(
+            "SELECT table_name FROM information_schema.tables"
+            " WHERE table_schema = current_schema()")]
+        assert "api_keys" in tables
+        return b"".join(
+            repr(conn.raw.execute(sql.SQL("SELECT t::text FROM {} t").format(
+                sql.Identifier(name))).fetchall()).encode() for name in tables)
+    finally:
+        conn.close()
+
+
+def test_only_the_hash_of_a_key_is_stored(db_path):
+    db = db_path
     account = cli_json("account", "create", "--name", "A", db=db)
     site = cli_json("site", "create", "--account", account["id"], "--host", "a.test", db=db)
     key = cli_json("key", "create", "--site", site["id"], "--scope", "events", db=db)
@@ -67,8 +90,9 @@ def test_only_the_hash_of_a_key_is_stored(tmp_path):
     assert secret.startswith("tly_") and len(secret) == 47
     listed = cli_json("key", "list", db=db)
     assert secret not in orjson.dumps(listed).decode()
-    stored = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("tally.db"))
-    assert stored and secret.encode() not in stored and secret[4:].encode() not in stored
+    stored = stored_bytes(db)
+    assert key["id"].encode() in stored  # the key's row is there to be searched
+    assert secret.encode() not in stored and secret[4:].encode() not in stored
 
 
 # gunicorn limits -------------------------------------------------------------
