@@ -20,7 +20,7 @@ from enrichment import agents as agents_module
 from enrichment.agents import AgentParser, BotFilter
 from reports.money import round_money
 from reports.mrr import YEARLY_FACTORS
-from tests.conftest import bearer, rows, run_cli
+from tests.conftest import bearer, config_for, rows, run_cli
 from tests.test_properties import budget
 from validation.event import MAX_BATCH
 
@@ -166,15 +166,15 @@ payment_specs = st.lists(
 _sites = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def money_world(tmp_path_factory):
+@pytest.fixture
+def money_world(db_path):
+    """One app for every example of the test (each adds a site of its own)."""
     import webtest
 
     from app import create_app
     from tests.conftest import FakeClock
 
-    db = str(tmp_path_factory.mktemp("money") / "tally.db")
-    tally = create_app(Config(db_path=db), clock=FakeClock())
+    tally = create_app(config_for(db_path), clock=FakeClock())
     account = tally.directory.create_account("M", "scale")
     yield tally, webtest.TestApp(tally), account["id"]
     tally.stop(timeout=5)
@@ -275,15 +275,16 @@ def _fitting(text: str, limit: int) -> str:
     return data.decode("utf-8", "ignore") or "x"
 
 
-@pytest.fixture(scope="module")
-def storage_world(tmp_path_factory):
+@pytest.fixture
+def storage_world(db_path):
+    """One app for every example of the test (each adds ids of its own)."""
     import webtest
 
     from app import create_app
     from tests.conftest import FakeClock
 
-    db = str(tmp_path_factory.mktemp("storage") / "tally.db")
-    tally = create_app(Config(db_path=db), clock=FakeClock())
+    db = db_path
+    tally = create_app(config_for(db), clock=FakeClock())
     account = tally.directory.create_account("S", "scale")
     site = tally.directory.create_site(account["id"], ["example.com"])
     key = tally.directory.create_key(site["id"], ["events", "payments"])["key"]
