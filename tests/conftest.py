@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -122,6 +122,20 @@ def postgres_schema():
     """A URL for a new, empty schema on the test server, dropped after the test."""
     with new_postgres_schema() as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def module_database(tmp_path_factory):
+    """For worlds made once per module and backend (the `backend` fixture is per test):
+    module_database(backend) is a new database of that backend, a SQLite file's path or
+    the URL of a PostgreSQL schema dropped after the module."""
+    with ExitStack() as stack:
+        def database(backend: str) -> str:
+            if backend == "postgres":
+                return stack.enter_context(new_postgres_schema())
+            return str(tmp_path_factory.mktemp("module") / "tally.db")
+
+        yield database
 
 
 @pytest.fixture

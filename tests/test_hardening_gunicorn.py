@@ -14,16 +14,34 @@ from tests.test_startup_faults import assert_refused
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    db = str(tmp_path_factory.mktemp("served") / "tally.db")
+def serve(db: str):
     account = cli_json("account", "create", "--name", "H", "--plan", "scale", db=db)
     site = cli_json("site", "create", "--account", account["id"], "--host", "example.com", db=db)
     key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
                    "payments", db=db)["key"]
-    server = Server(db, workers=2).wait_ready()
-    yield server, site["id"], key
-    server.stop()
+    return Server(db, workers=2).wait_ready(), site["id"], key
+
+
+@pytest.fixture(scope="module")
+def servers(module_database):
+    """One server per backend for the module, started when a test first asks."""
+    started = {}
+
+    def served_on(backend: str):
+        if backend not in started:
+            started[backend] = serve(module_database(backend))
+        return started[backend]
+
+    yield served_on
+    for server, _, _ in started.values():
+        server.stop()
+
+
+@pytest.fixture
+def served(servers, backend):
+    """(server, site id, key): the module's server on the test's backend. Its tests store
+    nothing, so they share it."""
+    return servers(backend)
 
 
 def raw_request(port: int, data: bytes, timeout: float = 30) -> tuple[int, bytes]:
@@ -61,9 +79,9 @@ def test_broken_chunked_framing_is_400_invalid_input(served, path, framing):
     assert "Traceback" not in server.log()
 
 
-def test_gunicorn_refuses_a_queue_smaller_than_a_batch(tmp_path):
+def test_gunicorn_refuses_a_queue_smaller_than_a_batch(db_path):
     """Item 6: TALLY_QUEUE_MAX=10 started, then every 20-event batch was 503 forever."""
-    server = Server(str(tmp_path / "tally.db"), workers=1, env={"TALLY_QUEUE_MAX": "10"})
+    server = Server(db_path, workers=1, env={"TALLY_QUEUE_MAX": "10"})
     log = assert_refused(server, "TALLY_QUEUE_MAX must be between 50 (the largest batch one"
                                  " request may carry) and 1000000, not 10")
     assert log.count("refusing to start") == 1
