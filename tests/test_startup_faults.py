@@ -1,4 +1,7 @@
-"""An unusable database or configuration at start: one clear line, a non-zero exit, no worker."""
+"""An unusable database or configuration at start: one clear line, a non-zero exit, no worker.
+
+The unusable databases here are SQLite files (a folder, garbage, damaged pages, read-only);
+PostgreSQL's own (unreachable, a bad URL) are in tests/test_postgres_faults.py."""
 
 from __future__ import annotations
 
@@ -8,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from storage.backend import open_database
 from storage.db import Database
-from tests.conftest import Server, run_cli
+from tests.conftest import Server, config_for, run_cli
 from tests.fsfaults import read_only
 
 
@@ -79,6 +83,7 @@ def assert_refused(server: Server, phrase: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.sqlite_only  # a damaged or unreachable SQLite file
 @pytest.mark.parametrize("make_path, phrase", CASES)
 def test_gunicorn_refuses_an_unusable_database(tmp_path, make_path, phrase):
     path = make_path(tmp_path)
@@ -86,6 +91,7 @@ def test_gunicorn_refuses_an_unusable_database(tmp_path, make_path, phrase):
 
 
 @pytest.mark.slow
+@pytest.mark.sqlite_only  # the SQLite file's permissions
 def test_gunicorn_refuses_a_read_only_database(tmp_path):
     path = _healthy(tmp_path / "tally.db")
     with read_only(path):
@@ -93,6 +99,7 @@ def test_gunicorn_refuses_a_read_only_database(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.sqlite_only  # the SQLite file's folder's permissions
 def test_gunicorn_refuses_a_read_only_folder(tmp_path):
     folder = tmp_path / "var"
     folder.mkdir()
@@ -101,11 +108,12 @@ def test_gunicorn_refuses_a_read_only_folder(tmp_path):
 
 
 @pytest.mark.slow
-def test_gunicorn_refuses_bad_configuration(tmp_path):
-    server = Server(str(tmp_path / "tally.db"), workers=1, env={"TALLY_QUEUE_MAX": "lots"})
+def test_gunicorn_refuses_bad_configuration(db_path):
+    server = Server(db_path, workers=1, env={"TALLY_QUEUE_MAX": "lots"})
     assert_refused(server, "TALLY_QUEUE_MAX must be a whole number")
 
 
+@pytest.mark.sqlite_only  # a damaged or unreachable SQLite file
 @pytest.mark.parametrize("make_path, phrase", CASES)
 def test_cli_refuses_an_unusable_database(tmp_path, make_path, phrase):
     proc = run_cli("init", db=str(make_path(tmp_path)), check=False)
@@ -114,6 +122,6 @@ def test_cli_refuses_an_unusable_database(tmp_path, make_path, phrase):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
-def test_a_healthy_database_starts(tmp_path):
-    path = _healthy(tmp_path / "tally.db")
-    assert run_cli("init", db=str(path)).returncode == 0
+def test_a_healthy_database_starts(db_path):
+    open_database(config_for(db_path)).check_startup()
+    assert run_cli("init", db=db_path).returncode == 0
