@@ -9,8 +9,8 @@ from enrichment.agents import AgentParser, BotFilter, describe_agent
 from enrichment.memo import Memo
 from enrichment.urls import campaign, pathname, url_host
 from enrichment.visitor import VisitorSalts, utc_day, visitor_id
-from storage.db import Database
-from tests.conftest import FakeClock, counting_bytes
+from storage.backend import open_database
+from tests.conftest import FakeClock, config_for, counting_bytes
 from vocabulary import DAY_MS
 
 CHROME_WINDOWS = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko)"
@@ -148,7 +148,7 @@ def test_country_from_the_offline_database(ip, country):
 
 @pytest.fixture
 def db(db_path):
-    database = Database(db_path)
+    database = open_database(config_for(db_path))
     yield database
     database.close()
 

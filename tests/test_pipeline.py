@@ -9,9 +9,9 @@ import pytest
 from enrichment.enricher import Enricher, previous_visitor_ids
 from ingest import pipeline
 from ingest.queue import Accepted
-from storage.db import Database
+from storage.backend import open_database
 from storage.events import EVENT_COLUMNS, EventRow
-from tests.conftest import FakeClock, counting_bytes
+from tests.conftest import FakeClock, config_for, counting_bytes
 from validation.event import parse_events
 from vocabulary import IDENTIFY
 
@@ -19,8 +19,8 @@ NOW_MS = 1_790_000_000_000
 
 
 @pytest.fixture
-def db(tmp_path):
-    database = Database(str(tmp_path / "p.db"))
+def db(db_path):
+    database = open_database(config_for(db_path))
     conn = database.conn()
     conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
     conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 's', 1, 0)")
@@ -36,7 +36,7 @@ def unit(*elements: dict) -> Accepted:
 
 
 def test_an_event_row_has_the_columns_of_the_events_table(db):
-    columns = [row[1] for row in db.conn().execute("PRAGMA table_info(events)")]
+    columns = [column[0] for column in db.conn().execute("SELECT * FROM events").description]
     assert columns == ["id", *EVENT_COLUMNS]
     assert EVENT_COLUMNS == (*EventRow._fields, "session_id")
 

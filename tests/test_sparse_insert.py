@@ -1,17 +1,21 @@
 """storage.sparse.SparseInsert stores exactly what one executemany of the full rows stores.
 
-Rows of the real events table go into two real SQLite files, one through SparseInsert
-(binding only the columns each row sets) and one through the full 29-column INSERT; the
-tables must be identical, ids included (rows keep their order across shapes).
+Rows of the real events table go into two real databases of the backend under test (two
+SQLite files, or two PostgreSQL schemas), one through SparseInsert (binding only the
+columns each row sets) and one through the full 29-column INSERT; the tables must be
+identical, ids included (rows keep their order across shapes).
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import pytest
 
-from storage.db import Database
+from storage.backend import open_database
 from storage.events import EVENT_COLUMNS
 from storage.sparse import SparseInsert
+from tests.conftest import config_for, is_postgres, new_postgres_schema
 
 FULL_INSERT = (
     "INSERT INTO events (" + ", ".join(EVENT_COLUMNS) + ")"  # noqa: S608 - fixed columns
@@ -43,16 +47,21 @@ ROWS = {
 
 
 @pytest.fixture
-def databases(tmp_path):
-    conns = []
-    for name in ("sparse", "full"):
-        conn = Database(str(tmp_path / f"{name}.db")).connect()
-        conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
-        conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 's', 1, 0)")
-        conns.append(conn)
-    yield conns
-    for conn in conns:
-        conn.close()
+def databases(db_path, tmp_path):
+    """Connections to the test's database ("sparse") and another of its backend ("full")."""
+    with ExitStack() as stack:
+        full = (stack.enter_context(new_postgres_schema()) if is_postgres(db_path)
+                else str(tmp_path / "full.db"))
+        conns = []
+        for db in (db_path, full):
+            conn = open_database(config_for(db)).connect()
+            stack.callback(conn.close)
+            conn.execute("INSERT INTO accounts (id, public_id, name, created_at)"
+                         " VALUES (1, 'a', 'A', 0)")
+            conn.execute("INSERT INTO sites (id, public_id, account_id, created_at)"
+                         " VALUES (1, 's', 1, 0)")
+            conns.append(conn)
+        yield conns
 
 
 @pytest.mark.parametrize("order", [
