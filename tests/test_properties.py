@@ -123,16 +123,15 @@ def test_event_validation_returns_or_raises_its_own_error(body):
 # Endpoints ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
+@pytest.fixture
+def world(db_path):
+    """One app on the test's database for every example of the test."""
     import webtest
 
     from app import create_app
-    from config import Config
-    from tests.conftest import FakeClock
+    from tests.conftest import FakeClock, config_for
 
-    db = str(tmp_path_factory.mktemp("properties") / "tally.db")
-    tally = create_app(Config(db_path=db, queue_max=100_000), clock=FakeClock())
+    tally = create_app(config_for(db_path, queue_max=100_000), clock=FakeClock())
     account = tally.directory.create_account("P", "scale")
     site = tally.directory.create_site(account["id"], ["example.com"])
     key = tally.directory.create_key(site["id"], ["events", "payments", "read"])
