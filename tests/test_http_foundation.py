@@ -92,6 +92,7 @@ def test_cli_and_several_workers_share_one_file(db_path, server_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.sqlite_only  # a folder where the SQLite file should be
 def test_gunicorn_refuses_to_start_on_an_unusable_database(tmp_path):
     from tests.conftest import Server
 

@@ -14,7 +14,7 @@ from openapi_spec_validator import validate
 
 from api.openapi import OPENAPI_PATH, load_document
 from dashboard.web import PAGE_ROUTES
-from tests.conftest import REPO
+from tests.conftest import REPO, database_env, is_postgres
 
 DOCUMENT = load_document()
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
@@ -127,8 +127,9 @@ def test_each_operation_documents_its_errors(name, operation):
             assert resolve(schema["allOf"][0]) is resolve(DOCUMENT["components"]["schemas"]["Error"])
 
 
-def test_importing_app_opens_neither_the_document_nor_the_database(tmp_path):
-    """The YAML is read at the first request, never at import."""
+def test_importing_app_opens_neither_the_document_nor_the_database(db_path):
+    """The YAML is read at the first request, never at import, nor the database (its file,
+    or the PostgreSQL schema the first connection would fill)."""
     probe = (
         "import sys\n"
         "opened = []\n"
@@ -136,16 +137,22 @@ def test_importing_app_opens_neither_the_document_nor_the_database(tmp_path):
         "import app\n"
         "print('\\n'.join(opened))\n"
     )
-    db = tmp_path / "probe.db"
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
-                          env={"TALLY_DB": str(db), "PATH": ""}, timeout=60, check=True)
+                          env={**database_env(db_path), "PATH": ""}, timeout=60, check=True)
     opened = proc.stdout.splitlines()
     assert any("app.cpython" in path or path.endswith("app.py") for path in opened), "the audit hook saw no import"
     assert str(OPENAPI_PATH) not in opened
-    assert not any(path.startswith(str(db)) for path in opened)
+    assert not any(path.startswith(db_path) for path in opened)
     project_files = [path for path in opened if path.startswith(str(REPO) + "/")
                      and not path.startswith(str(REPO / ".venv"))
                      and "/__pycache__/" not in path and not path.endswith((".py", ".pyc"))
                      and not Path(path).is_dir()]
     assert project_files == [], "importing app read data files (schema.sql, data lists...)"
-    assert not db.exists()
+    if is_postgres(db_path):
+        import psycopg  # a bare connection: storage's own would apply the schema
+
+        with psycopg.connect(db_path) as conn:
+            assert conn.execute("SELECT count(*) FROM information_schema.tables"
+                                " WHERE table_schema = current_schema()").fetchone() == (0,)
+    else:
+        assert not Path(db_path).exists()
