@@ -13,9 +13,8 @@ import orjson
 import pytest
 
 from app import create_app
-from config import Config
 from tests import dashboard_seed as seed
-from tests.conftest import REPO, Server, bearer, cli_json, http
+from tests.conftest import REPO, Server, bearer, cli_json, config_for, http
 from tests.realparts import chromium_driver, require
 
 pytestmark = pytest.mark.slow
@@ -23,13 +22,13 @@ SHOTS = REPO / "var" / "screenshots"
 WIDTHS = (390, 1440)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+@pytest.fixture
+def served(db_path):
     require("chromium", "/usr/bin/chromium")
     require("chromedriver", "/usr/bin/chromedriver")
-    db = str(tmp_path_factory.mktemp("dash-browser") / "tally.db")
+    db = db_path
     world = seed.users(db)
-    tally = create_app(Config(db_path=db))
+    tally = create_app(config_for(db))
     seed.traffic(tally, world["a"], time.time())
     tally.stop(timeout=5)
     world["share"] = cli_json("share", "create", "--site", world["a"]["site"], db=db)["url"]
@@ -40,7 +39,7 @@ def served(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def browser(served):
     driver = chromium_driver(width=1440, height=900)
     driver.implicitly_wait(10)  # a page reached by a click may still be loading
