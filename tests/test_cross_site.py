@@ -12,9 +12,8 @@ import pytest
 import webtest
 
 from app import create_app
-from config import Config
 from storage.stripe import StripeStore
-from tests.conftest import FakeClock, bearer
+from tests.conftest import FakeClock, bearer, config_for
 from tests.routes import BROWSER_UA, event, operations, payment
 from tests.stripe_events import charge, sign, stripe_event
 from tests.test_openapi import PENDING, template
@@ -24,7 +23,7 @@ JSON = {"Content-Type": "application/json"}
 
 @pytest.fixture
 def world(db_path):
-    tally = create_app(Config(db_path=db_path), clock=FakeClock())
+    tally = create_app(config_for(db_path), clock=FakeClock())
     client = webtest.TestApp(tally)
     directory = tally.directory
     sites = {}
@@ -42,7 +41,8 @@ def world(db_path):
             resp = client.post("/api/v1/events", orjson.dumps(event(a["id"], path)), headers=a["headers"])
             assert resp.status_int == 204
         assert tally.flusher.flush_now()
-    yield {"tally": tally, "client": client, "a": a, "b": sites["b"], "db": tally.db}
+    yield {"tally": tally, "client": client, "a": a, "b": sites["b"], "db": tally.db,
+           "db_path": db_path}
     tally.stop(timeout=5)
 
 
@@ -73,7 +73,7 @@ def metrics(world):
     """Metrics are no site's: an API key never reads them, and they name no site or id."""
     assert get(world, "/metrics", 404)["error"]["code"] == "not_found"
     token = "metrics-token-0123456789"
-    with_token = create_app(Config(db_path=world["db"].path, metrics_token=token))
+    with_token = create_app(config_for(world["db_path"], metrics_token=token))
     client = webtest.TestApp(with_token)
     resp = client.get("/metrics", headers=world["b"]["headers"], expect_errors=True)
     assert resp.status_int == 401
