@@ -12,7 +12,7 @@ import pytest
 from tally_client import Tally, TallyError
 
 from quota.usage import month_of
-from tests.conftest import WriteLock, cli_json, connect, rows, run_cli
+from tests.conftest import WriteLock, cli_json, execute, rows, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -98,11 +98,9 @@ def test_zero_loss_through_503s_from_a_tiny_queue(db_path, server_factory):
 def test_over_quota_the_client_stops_sending_instead_of_retrying(db_path, tmp_path, server_factory):
     db = db_path
     ids = make_site(db, plan="free")
-    conn = connect(db)
-    conn.execute("INSERT INTO monthly_usage (account_id, month, events) "
-                 "SELECT id, ?, 11000 FROM accounts WHERE public_id = ?",
-                 (month_of(time.time()), ids["account"]))
-    conn.close()
+    execute(db, "INSERT INTO monthly_usage (account_id, month, events) "
+                "SELECT id, ?, 11000 FROM accounts WHERE public_id = ?",
+            (month_of(time.time()), ids["account"]))
     log = tmp_path / "requests.log"
     server = server_factory(db, workers=1, app="tests.faulty_app:app",
                             env={"TEST_REQUEST_LOG": str(log)})

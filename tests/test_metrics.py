@@ -23,11 +23,11 @@ from tests.conftest import (
     bearer,
     cli_json,
     config_for,
-    connect,
     database_env,
     free_port,
     http,
 )
+from tests.test_quota import seed_usage
 
 TOKEN = "metrics-token-0123456789"
 UA = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
@@ -121,17 +121,6 @@ class Served:
             self.proc.wait(60)
         self._log.close()
         return self.proc.returncode
-
-
-def seed_usage(db: str, account_public_id: str, events: int, month: str) -> None:
-    """Counts as other workers' stored traffic would have left them."""
-    conn = connect(db)
-    try:
-        conn.execute("INSERT INTO monthly_usage (account_id, month, events)"
-                     " SELECT id, ?, ? FROM accounts WHERE public_id = ?",
-                     (month, events, account_public_id))
-    finally:
-        conn.close()
 
 
 @pytest.mark.slow

@@ -16,7 +16,17 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.conftest import BIN, REPO, bearer, cli_json, free_port, http, rows
+from tests.conftest import (
+    BIN,
+    REPO,
+    _without_database,
+    bearer,
+    cli_json,
+    database_env,
+    free_port,
+    http,
+    rows,
+)
 from tests.realparts import require
 from tests.routes import operations
 from tests.test_quota import seed_usage
@@ -96,42 +106,69 @@ class Proxy:
                 self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    nginx_binary()
-    tmp = tmp_path_factory.mktemp("nginx")
-    db = str(tmp / "tally.db")
-    account = cli_json("account", "create", "--name", "Proxied", "--plan", "scale", db=db)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "shop.example", db=db)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope", "read",
-                   db=db)["key"]
-    full = cli_json("account", "create", "--name", "Over quota", db=db)
-    full_site = cli_json("site", "create", "--account", full["id"], "--host", "q.example", db=db)
-    full_key = cli_json("key", "create", "--site", full_site["id"], "--scope", "events", db=db)["key"]
-    seed_usage(db, full["id"], 11_000, month=time.strftime("%Y-%m", time.gmtime()))
+class Stack:
+    """nginx in front of `tally serve` on `db`, with a site and an account over quota."""
 
-    port = free_port()
-    log = open(tmp / "serve.log", "wb")
-    # One sync worker: a slow client reaching it would hold the whole service.
-    serve = subprocess.Popen([str(BIN / "tally"), "serve", "--bind", f"127.0.0.1:{port}",
-                              "--workers", "1"], cwd=tmp, stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, "TALLY_DB": db, "TALLY_FLUSH_INTERVAL": "0.2"})
-    deadline = time.monotonic() + 60
-    while True:
-        assert serve.poll() is None, (tmp / "serve.log").read_text()
-        try:
-            if http("GET", f"http://127.0.0.1:{port}/healthz")[0] == 200:
-                break
-        except OSError:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-    proxy = Proxy(tmp, port)
-    yield {"proxy": proxy, "db": db, "site": site["id"], "key": key, "full_site": full_site["id"],
-           "full_key": full_key}
-    proxy.stop()
-    serve.send_signal(signal.SIGTERM)
-    serve.wait(60)
-    log.close()
+    def __init__(self, tmp: Path, db: str):
+        account = cli_json("account", "create", "--name", "Proxied", "--plan", "scale", db=db)
+        site = cli_json("site", "create", "--account", account["id"], "--host", "shop.example",
+                        db=db)
+        key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
+                       "read", db=db)["key"]
+        full = cli_json("account", "create", "--name", "Over quota", db=db)
+        full_site = cli_json("site", "create", "--account", full["id"], "--host", "q.example",
+                             db=db)
+        full_key = cli_json("key", "create", "--site", full_site["id"], "--scope", "events",
+                            db=db)["key"]
+        seed_usage(db, full["id"], 11_000, month=time.strftime("%Y-%m", time.gmtime()))
+
+        port = free_port()
+        self.log = open(tmp / "serve.log", "wb")
+        # One sync worker: a slow client reaching it would hold the whole service.
+        self.serve = subprocess.Popen(
+            [str(BIN / "tally"), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+            cwd=tmp, stdout=self.log, stderr=subprocess.STDOUT,
+            env={**_without_database(os.environ), **database_env(db),
+                 "TALLY_FLUSH_INTERVAL": "0.2"})
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.serve.poll() is None, (tmp / "serve.log").read_text()
+            try:
+                if http("GET", f"http://127.0.0.1:{port}/healthz")[0] == 200:
+                    break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        self.proxy = Proxy(tmp, port)
+        self.world = {"proxy": self.proxy, "db": db, "site": site["id"], "key": key,
+                      "full_site": full_site["id"], "full_key": full_key}
+
+    def stop(self):
+        self.proxy.stop()
+        self.serve.send_signal(signal.SIGTERM)
+        self.serve.wait(60)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory, module_database):
+    """One stack per backend for the module, started when a test first asks."""
+    started = {}
+
+    def stack_on(backend: str) -> dict:
+        if backend not in started:
+            nginx_binary()
+            started[backend] = Stack(tmp_path_factory.mktemp("nginx"), module_database(backend))
+        return started[backend].world
+
+    yield stack_on
+    for stack in started.values():
+        stack.stop()
+
+
+@pytest.fixture
+def stack(stacks, backend):
+    return stacks(backend)
 
 
 def has_collect() -> bool:
