@@ -22,9 +22,8 @@ import orjson
 import pytest
 
 from app import create_app
-from config import Config
 from enrichment.visitor import visitor_id
-from tests.conftest import REPO, FakeClock, free_port, rows
+from tests.conftest import REPO, FakeClock, config_for, free_port, rows
 from tests.realparts import DESKTOP_UA, require
 from tests.test_browser import QuietHandler, ThreadingServer
 from tracker import script_bytes
@@ -58,11 +57,10 @@ def nginx_config(folder, port: int, upstream: str) -> str:
 
 
 class Proxied:
-    def __init__(self, folder):
-        self.db_path = str(folder / "tally.db")
+    def __init__(self, folder, db_path: str):
+        self.db_path = db_path
         self.clock = FakeClock()
-        config = Config(db_path=self.db_path,
-                        trusted_proxies=(ipaddress.ip_network("127.0.0.1/32"),))
+        config = config_for(db_path, trusted_proxies=(ipaddress.ip_network("127.0.0.1/32"),))
         self.app = create_app(config, clock=self.clock)
         from wsgiref.simple_server import make_server
 
@@ -127,9 +125,9 @@ class Proxied:
         self.app.stop(timeout=5)
 
 
-@pytest.fixture(scope="module")
-def proxied(tmp_path_factory):
-    world = Proxied(tmp_path_factory.mktemp("nginx"))
+@pytest.fixture
+def proxied(tmp_path, db_path):
+    world = Proxied(tmp_path, db_path)
     yield world
     world.close()
 
