@@ -1,5 +1,6 @@
 """The one-file build: dist/tally.pyz built by `make dist`, copied alone into an empty
-folder and run there with a python3 outside the project's venv."""
+folder and run there with a python3 outside the project's venv: on its embedded default
+(the SQLite file var/tally.db), and pointed at PostgreSQL by TALLY_DATABASE_URL."""
 
 from __future__ import annotations
 
@@ -58,28 +59,38 @@ class Folder:
         return orjson.loads(proc.stdout)
 
 
+def database_url(request, backend: str) -> str | None:
+    """None for the build's embedded default; else the URL of the test's own schema."""
+    return request.getfixturevalue("postgres_schema") if backend == "postgres" else None
+
+
 @pytest.mark.slow
-def test_the_one_file_build_serves_from_an_empty_folder(pyz, tmp_path):
+def test_the_one_file_build_serves_from_an_empty_folder(pyz, tmp_path, request, backend):
     (tmp_path / "empty").mkdir()
-    exercise(Folder(tmp_path / "empty", pyz, [python3(), "tally.pyz"]), tmp_path)
+    exercise(Folder(tmp_path / "empty", pyz, [python3(), "tally.pyz"]), tmp_path,
+             database_url(request, backend))
 
 
 @pytest.mark.slow
-def test_the_binary_build_serves_from_an_empty_folder(tmp_path):
+def test_the_binary_build_serves_from_an_empty_folder(tmp_path, request, backend):
     """`make dist-binary` (PyInstaller, no Python needed) passes the same test; it takes
     minutes to build, so `make test-dist-binary` builds it and runs this with its path."""
     built = os.environ.get("TALLY_TEST_DIST_BINARY")
     if not built:
         pytest.skip("the binary build is tested by `make test-dist-binary`")
     (tmp_path / "empty").mkdir()
-    exercise(Folder(tmp_path / "empty", Path(built), ["./" + Path(built).name]), tmp_path)
+    exercise(Folder(tmp_path / "empty", Path(built), ["./" + Path(built).name]), tmp_path,
+             database_url(request, backend))
 
 
-def exercise(folder: Folder, tmp_path: Path) -> None:
-    """init, serve, an event and a payment read back, SIGTERM, then `tally check`."""
+def exercise(folder: Folder, tmp_path: Path, url: str | None) -> None:
+    """init, serve, an event and a payment read back, SIGTERM, then `tally check`; on the
+    default SQLite file, or on PostgreSQL at `url`."""
     assert len(list(folder.root.iterdir())) == 1
+    if url is not None:
+        folder.env["TALLY_DATABASE_URL"] = url
     assert folder.tally("init")["ok"]
-    assert (folder.root / "var" / "tally.db").is_file()
+    assert (folder.root / "var" / "tally.db").is_file() == (url is None)
     account = folder.tally("account", "create", "--name", "One File")
     site = folder.tally("site", "create", "--account", account["id"], "--host", "one.example")
     key = folder.tally("key", "create", "--site", site["id"], "--scope", "events", "--scope",
@@ -173,6 +184,7 @@ def test_the_systemd_unit_verifies():
 
 
 @pytest.mark.slow
+@pytest.mark.sqlite_only  # the unit as shipped: its TALLY_DB under /var/lib/tally
 def test_the_systemd_command_lines_run_the_one_file(pyz, tmp_path):
     """ExecStartPre and ExecStart as the unit has them, with its Environment, against
     the built file: only the paths (and the port) move into the test's folder."""

@@ -6,12 +6,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from storage.db import Database, schema
 from tests.conftest import rows
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "tally-v8.db"  # see tests/test_upgrade.py
 
 
+@pytest.mark.sqlite_only  # a version-8 SQLite file rebuilt in place
 def test_version_8_subscriptions_move_to_optional_payment_ids(tmp_path):
     path = str(tmp_path / "old.db")
     shutil.copyfile(FIXTURE, path)

@@ -12,6 +12,8 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from storage.db import schema
 from tests.conftest import cli_json, rows
 
@@ -28,6 +30,7 @@ def user_version(path) -> int:
         conn.close()
 
 
+@pytest.mark.sqlite_only  # the previous release's SQLite file, upgraded in place
 def test_a_database_of_the_previous_release_is_migrated_in_place(tmp_path):
     db = str(tmp_path / "old.db")
     shutil.copyfile(FIXTURE, db)
