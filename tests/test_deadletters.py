@@ -44,10 +44,12 @@ def refusing_trigger(db_path: str, name: str, table: str, message: str,
                          f" BEGIN RAISE EXCEPTION '{message}' USING ERRCODE = 'check_violation';"
                          " END $$")
         condition = f"WHEN ({when})" if when else ""
+        # sql-safe: the test's own fixed trigger, table and condition text
         execute(db_path, f"CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW"
                          f" {condition} EXECUTE FUNCTION {name}()")
     else:
         condition = f"WHEN {when}" if when else ""
+        # sql-safe: the test's own fixed trigger, table and condition text
         execute(db_path, f"CREATE TRIGGER {name} BEFORE INSERT ON {table} {condition}"
                          f" BEGIN SELECT RAISE(ABORT, '{message}'); END")
 

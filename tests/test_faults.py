@@ -194,6 +194,7 @@ def test_a_full_disk_on_postgresql_refuses_loses_nothing_and_recovers(postgres_s
                     " BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'"
                     " USING ERRCODE = 'disk_full'; END $$")
         for table in ("events", "payments"):
+            # sql-safe: table from the fixed tuple above
             execute(db, f"CREATE TRIGGER disk_full BEFORE INSERT OR UPDATE ON {table}"
                         " FOR EACH ROW EXECUTE FUNCTION disk_full()")
         answers = {f"pay_full_{n}": send_payment(server, world, f"pay_full_{n}") for n in range(3)}
