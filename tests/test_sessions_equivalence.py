@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import random
-from contextlib import ExitStack
 from datetime import UTC, datetime
 
 import pytest
@@ -38,7 +37,7 @@ from ingest.pipeline import write_batch
 from ingest.queue import Accepted
 from storage.backend import open_database
 from storage.db import Database, schema
-from tests.conftest import FakeClock, config_for, counting_bytes, new_postgres_schema
+from tests.conftest import FakeClock, config_for, counting_bytes
 from tests.sessions_reference import ReferenceSessionWriter, reference_write_batch
 from validation.event import IDENTIFY, parse_events
 from vocabulary import CLICK_IDS
@@ -122,25 +121,24 @@ def seed_sites(conn, *, reference: bool) -> None:
 
 
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory):
+def seeded(tmp_path_factory, module_database):
     """Seeded connections made once for the module: "reference" (SQLite), and the
     set-based side's on "sqlite" or "postgres", made when a test first asks."""
-    folder = tmp_path_factory.mktemp("equivalence")
-    with ExitStack() as stack:
-        made = {}
+    made = {}
 
-        def connection(name: str):
-            if name not in made:
-                if name == "postgres":
-                    db = open_database(config_for(stack.enter_context(new_postgres_schema())))
-                else:
-                    db = Database(str(folder / f"{name}.db"))
-                made[name] = db.connect()
-                stack.callback(made[name].close)
-                seed_sites(made[name], reference=name == "reference")
-            return made[name]
+    def connection(name: str):
+        if name not in made:
+            if name == "reference":
+                db = Database(str(tmp_path_factory.mktemp("reference") / "tally.db"))
+            else:
+                db = open_database(config_for(module_database(name)))
+            made[name] = db.connect()
+            seed_sites(made[name], reference=name == "reference")
+        return made[name]
 
-        yield connection
+    yield connection
+    for conn in made.values():
+        conn.close()
 
 
 @pytest.fixture
