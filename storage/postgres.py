@@ -19,6 +19,7 @@ import functools
 import os
 import re
 import threading
+from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from importlib.resources import files
@@ -28,6 +29,7 @@ from urllib.parse import urlsplit
 import orjson
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql as pg_sql
 from psycopg.adapt import Dumper, Loader
 from psycopg.pq import TransactionStatus
 from psycopg.types.numeric import Int8Dumper
@@ -373,6 +375,16 @@ class PostgresConnection:
         else:
             cursor.executemany(statement.text, (statement.arguments(row) for row in rows))
         return PostgresCursor(cursor)
+
+    def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence]) -> None:
+        """COPY the rows, each in `columns` order, into `table`, in their order. Many rows
+        go in several times faster than through executemany, and for a tenth of the CPU
+        on either side (bench/postgres_insert.py)."""
+        statement = pg_sql.SQL("COPY {} ({}) FROM STDIN").format(
+            pg_sql.Identifier(table), pg_sql.SQL(", ").join(map(pg_sql.Identifier, columns)))
+        with self.raw.cursor().copy(statement) as copy:
+            for row in rows:
+                copy.write_row(row)
 
     def _pragma(self, sql: str) -> PostgresCursor:
         match = re.fullmatch(r"\s*PRAGMA\s+busy_timeout\s*=\s*(\d+)\s*;?\s*", sql, re.IGNORECASE)

@@ -1,9 +1,9 @@
 """storage.sparse.SparseInsert stores exactly what one executemany of the full rows stores.
 
 Rows of the real events table go into two real databases of the backend under test (two
-SQLite files, or two PostgreSQL schemas), one through SparseInsert (binding only the
-columns each row sets) and one through the full 29-column INSERT; the tables must be
-identical, ids included (rows keep their order across shapes).
+SQLite files, or two PostgreSQL schemas), one through SparseInsert (on SQLite binding only
+the columns each row sets, on PostgreSQL one COPY) and one through the full 29-column
+INSERT; the tables must be identical, ids included (rows keep their order across shapes).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ ROWS = {
     "no visitor, no session": variant(visitor_id=None, country=None, browser=None, os=None,
                                       device=None, session_id=None),
     "identify": variant(name="$identify", uid="user-1", session_id=None),
+    "text COPY escapes, and U+0000": variant(title="tab\there\nline \\N \\ back\\",
+                                              props='{"k":"\\u0000"}', uid="nul\x00\ue000"),
     "everything set": [value if value is not None else f"v{index}"
                        for index, value in enumerate(variant(width=1280))],
 }
@@ -79,6 +81,7 @@ def test_rows_are_stored_as_a_full_insert_stores_them_in_their_order(databases, 
     full.executemany(FULL_INSERT, rows)
     stored = [conn.execute("SELECT * FROM events ORDER BY id").fetchall() for conn in databases]
     assert stored[0] == stored[1]
+    assert [row[1:] for row in stored[0]] == [tuple(row) for row in rows]
     assert [row[2] for row in stored[0]] == list(range(len(rows)))
 
 
@@ -86,3 +89,4 @@ def test_rows_are_stored_as_a_full_insert_stores_them_in_their_order(databases, 
 def test_a_row_of_the_wrong_length_is_refused(databases, row):
     with pytest.raises(ValueError, match=f"{len(row)} values for 29 columns"):
         SparseInsert("events", EVENT_COLUMNS).write(databases[0], [PLAIN, row])
+    assert databases[0].execute("SELECT count(*) FROM events").fetchone()[0] == 0
