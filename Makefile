@@ -80,6 +80,8 @@ fuzz: install
 		tests/test_properties.py tests/test_fuzz.py
 
 # Reports figures, never fails on them (bench/run.py). Needs wrk: apt-get install wrk.
+# PostgreSQL's figures need a server at TALLY_BENCH_DATABASE_URL (default the test server's
+# URL); without one they are recorded as skipped.
 WRK ?= wrk
 bench:
 	@command -v $(WRK) >/dev/null 2>&1 || { echo "make bench needs wrk: apt-get install wrk" >&2; exit 1; }

@@ -1,5 +1,6 @@
 """What the benchmark reads and drives: the machine, worker processes through /proc,
-gunicorn services, wrk, and the database it counts events in."""
+gunicorn services, wrk, and the database it counts events in (a SQLite file or a
+database of a PostgreSQL server)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -270,31 +272,122 @@ def write_bodies(path: Path, bodies: Sequence[bytes]) -> Path:
 
 
 # Database -----------------------------------------------------------------------------
+# A bench database is a target: a SQLite file's path, or a postgresql:// URL.
 
 
-def table_count(db_path: str, table: str) -> int:
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+def is_postgres(target: str) -> bool:
+    return target.startswith(("postgresql://", "postgres://"))
+
+
+def database_env(target: str) -> dict:
+    """The TALLY_ variables that point the service and the CLI at `target` (an empty
+    TALLY_DATABASE_URL leaves Tally on the SQLite file, whatever the caller's environment)."""
+    if is_postgres(target):
+        return {"TALLY_DATABASE_URL": target}
+    return {"TALLY_DB": target, "TALLY_DATABASE_URL": ""}
+
+
+def open_target(target: str):
+    """storage's Database (SQLite) or PostgresDatabase for `target`."""
+    from config import Config
+    from storage.backend import open_database
+
+    if is_postgres(target):
+        return open_database(Config(database_url=target))
+    return open_database(Config(db_path=target))
+
+
+def _scalar(target: str, query: str) -> int:
+    if is_postgres(target):
+        import psycopg
+
+        with psycopg.connect(target, autocommit=True, connect_timeout=30) as conn:
+            return conn.execute(query).fetchone()[0]
+    conn = sqlite3.connect(f"file:{target}?mode=ro", uri=True, timeout=30)
     try:
-        query = f"SELECT count(*) FROM {table}"  # noqa: S608 - table is events or payments, fixed here
         return conn.execute(query).fetchone()[0]
     finally:
         conn.close()
 
 
-def max_event_id(db_path: str) -> int:
-    """Cheap stand-in for count(*) while load runs: ids are dense (nothing is deleted)."""
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+def table_count(target: str, table: str) -> int:
+    return _scalar(target, f"SELECT count(*) FROM {table}")  # noqa: S608 - table is events or payments, fixed here
+
+
+def max_event_id(target: str) -> int:
+    """Cheap stand-in for count(*) while load runs: ids rise with each commit (the flush
+    holds the one writer lock) and nothing is deleted."""
+    return _scalar(target, "SELECT coalesce(max(id), 0) FROM events")
+
+
+def events_bytes(target: str) -> int | None:
+    """The bytes the events table takes with its indexes (None where it cannot be read)."""
+    if is_postgres(target):
+        return _scalar(target, "SELECT pg_total_relation_size('events')")
+    try:  # SQLite's dbstat table, when compiled in
+        return _scalar(target, "SELECT sum(pgsize) FROM dbstat"
+                               " WHERE name IN ('events', 'events_site_ts')")
+    except sqlite3.Error:
+        return None
+
+
+@contextlib.contextmanager
+def postgres_database(server_url: str, prefix: str):
+    """The URL of a new, empty database on the server at `server_url` (its role may create
+    databases), dropped afterwards with any connection still open to it. A database of its
+    own, not a schema: DatabaseProbe finds its server processes by its name."""
+    import psycopg
+
+    name = f"{prefix}_{os.urandom(6).hex()}"
+    with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')  # sql-safe: prefix is the caller's, then hex
     try:
-        return conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+        yield urlsplit(server_url)._replace(path=f"/{name}").geturl()
     finally:
-        conn.close()
+        with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')  # sql-safe: as created above
+
+
+class DatabaseProbe:
+    """CPU seconds of the PostgreSQL server processes serving one bench database over a
+    scenario (the server runs on this machine: its backends' /proc/<pid>/stat). A backend
+    that starts during the scenario counts from zero; one that ends is lost. For a SQLite
+    target there is no server: the figure is None, the work is in the workers' CPU."""
+
+    def __init__(self, target: str):
+        self.target = target
+        self.before: dict[int, float] = {}
+
+    def _pids(self) -> list[int]:
+        if not is_postgres(self.target):
+            return []
+        import psycopg
+
+        with psycopg.connect(self.target, autocommit=True, connect_timeout=10) as conn:
+            return [row[0] for row in conn.execute(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+
+    def start(self) -> DatabaseProbe:
+        self.before = {pid: cpu_seconds(pid) or 0.0 for pid in self._pids()}
+        return self
+
+    def finish(self) -> float | None:
+        if not is_postgres(self.target):
+            return None
+        total = 0.0
+        for pid in self._pids():
+            now = cpu_seconds(pid)
+            if now is not None:
+                total += now - self.before.get(pid, 0.0)
+        return round(total, 3)
 
 
 class PersistWatch:
     """Samples the newest event id while load runs, to date when the last event landed."""
 
     def __init__(self, db_path: str, period: float = 0.25):
-        self.db_path = db_path
+        self.db_path = db_path  # a target: SQLite path or PostgreSQL URL
         self.period = period
         self.started = time.monotonic()
         self.start_id = max_event_id(db_path)
@@ -306,7 +399,7 @@ class PersistWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(Exception):  # a sample missed is taken next period
                 current = max_event_id(self.db_path)
                 if current != self.last_id:
                     self.last_id, self.last_change = current, time.monotonic()

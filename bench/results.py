@@ -1,4 +1,9 @@
-"""The results of a run: derived figures, targets, the JSON file, the tables."""
+"""The results of a run: derived figures, targets, the JSON file, the tables.
+
+The document's top-level scenarios, figures and targets are SQLite's, the default backend;
+a run that measured PostgreSQL too adds `postgres`: the same three for it (backend
+"postgres") and `vs_sqlite`, the headline figures of both side by side with their ratio.
+"""
 
 from __future__ import annotations
 
@@ -64,6 +69,10 @@ def derived_figures(scenarios: dict) -> dict:
         if raw and raw.get("rows_per_s"):
             figures["batch_vs_raw_sqlite"] = round(
                 sustained["persisted_events_per_s"] / raw["rows_per_s"], 3)
+    raw_postgres = _ok(scenarios.get("postgres"))
+    if sustained and raw_postgres and raw_postgres.get("rows_per_s"):
+        figures["batch_vs_raw_postgres"] = round(
+            sustained["persisted_events_per_s"] / raw_postgres["rows_per_s"], 3)
     if reports and reports.get("reports"):
         figures["slowest_report_s"] = max(r["seconds"] for r in reports["reports"])
         figures["slowest_report"] = max(reports["reports"], key=lambda r: r["seconds"])["name"]
@@ -86,9 +95,11 @@ def targets(figures: dict) -> list[dict]:
     return out
 
 
-def assemble(machine: dict, settings: dict, scenarios: dict, *, date: str | None = None) -> dict:
+def assemble(machine: dict, settings: dict, scenarios: dict, *, postgres: dict | None = None,
+             date: str | None = None) -> dict:
+    """`scenarios`: SQLite's; `postgres`: PostgreSQL's, when it was measured."""
     figures = derived_figures(scenarios)
-    return {
+    doc = {
         "schema": RESULTS_SCHEMA,
         "date": date or dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "machine": machine,
@@ -97,6 +108,96 @@ def assemble(machine: dict, settings: dict, scenarios: dict, *, date: str | None
         "figures": figures,
         "targets": targets(figures),
     }
+    if postgres is not None:
+        postgres_figures = derived_figures(postgres)
+        doc["postgres"] = {"backend": "postgres", "scenarios": postgres,
+                           "figures": postgres_figures, "targets": targets(postgres_figures),
+                           "vs_sqlite": side_by_side(scenarios, postgres)}
+    return doc
+
+
+def _report_groups(reports: dict) -> list[tuple[str, list[dict]]]:
+    money = {"revenue", "mrr", "movements"}
+    return [("traffic reports (aggregate, breakdowns)",
+             [r for r in reports["reports"] if r["name"] not in money]),
+            ("money reports (revenue, mrr, movements)",
+             [r for r in reports["reports"] if r["name"] in money])]
+
+
+def _dig(result: dict | None, *keys):
+    for key in keys:
+        if not isinstance(result, dict):
+            return None
+        result = result.get(key)
+    return result
+
+
+def _answered(found: list[dict]) -> list[dict]:
+    return [r for r in found if r["statuses"] == [200]]
+
+
+def _slowest_ms(reports: dict | None, group: int) -> float | None:
+    """Of the reports that answered 200 (a failure's time says nothing of the report's)."""
+    if not reports or not reports.get("reports"):
+        return None
+    found = _answered(_report_groups(reports)[group][1])
+    return round(max(r["seconds"] for r in found) * 1000, 1) if found else None
+
+
+def _stats_v2_stored_ms(reports: dict | None) -> float | None:
+    v2 = _answered((reports or {}).get("stats_v2") or [])
+    return round(max(min(r["runs_s"][1:] or r["runs_s"]) for r in v2) * 1000, 1) if v2 else None
+
+
+def _failed_reports(reports: dict | None) -> int | None:
+    if not reports or not reports.get("reports"):
+        return None
+    every = [*reports["reports"], *(reports.get("stats_v2") or [])]
+    return len(every) - len(_answered(every))
+
+
+# The figures shown for both backends: (label, figure of a backend's scenarios). Database
+# CPU is the PostgreSQL server's share, in its own processes (SQLite's is in the workers').
+HEADLINES = (
+    ("single events, req/s", lambda s: _dig(_ok(s.get("single")), "requests_per_s")),
+    ("single events, p99 ms", lambda s: _dig(_ok(s.get("single")), "p99_ms")),
+    ("50-event batches, highest sustained events/s persisted",
+     lambda s: _dig(_ok(s.get("batches")), "sustained", "persisted_events_per_s")),
+    ("50-event batches, workers' CPU us/event",
+     lambda s: _dig(_ok(s.get("batches")), "sustained", "cpu_us_per_event")),
+    ("50-event batches, database server's CPU us/event",
+     lambda s: _dig(_ok(s.get("batches")), "sustained", "database_cpu_us_per_event")),
+    ("50-event batches at 80% of it, p99 ms",
+     lambda s: _dig(_ok(s.get("batches")), "at_80_percent", "p99_ms")),
+    ("payments upserts, req/s", lambda s: _dig(_ok(s.get("payments")), "requests_per_s")),
+    ("payments upserts, p99 ms", lambda s: _dig(_ok(s.get("payments")), "p99_ms")),
+    ("raw events insert, rows/s (SQLite executemany, PostgreSQL COPY)",
+     lambda s: _dig(_ok(s.get("sqlite")) or _ok(s.get("postgres")), "rows_per_s")),
+    ("flush thread alone, events/s", lambda s: _dig(_ok(s.get("flusher")), "events_per_s")),
+    ("flush thread alone, its CPU us/event",
+     lambda s: _dig(_ok(s.get("flusher")), "cpu_us_per_event")),
+    ("flush thread alone, database server's CPU us/event",
+     lambda s: _dig(_ok(s.get("flusher")), "database_cpu_us_per_event")),
+    ("events table bytes an event, with its index",
+     lambda s: _dig(_ok(s.get("flusher")), "bytes_per_event")),
+    ("events the reports ran over", lambda s: _dig(_ok(s.get("reports")), "events")),
+    ("slowest traffic report, ms", lambda s: _slowest_ms(_ok(s.get("reports")), 0)),
+    ("slowest money report, ms", lambda s: _slowest_ms(_ok(s.get("reports")), 1)),
+    ("slowest Stats v2 report once stored, ms",
+     lambda s: _stats_v2_stored_ms(_ok(s.get("reports")))),
+    ("reports not answered 200 (left out of the times)",
+     lambda s: _failed_reports(_ok(s.get("reports")))),
+)
+
+
+def side_by_side(sqlite: dict, postgres: dict) -> list[dict]:
+    """Each headline figure on both backends, and PostgreSQL's over SQLite's."""
+    rows = []
+    for label, figure in HEADLINES:
+        a, b = figure(sqlite), figure(postgres)
+        ratio = round(b / a, 2) if a and b is not None else None
+        rows.append({"figure": label, "sqlite": a, "postgres": b, "postgres_vs_sqlite": ratio})
+    return rows
 
 
 def write_results(doc: dict, path: Path = RESULTS) -> Path:
@@ -170,14 +271,19 @@ def table_rows(doc: dict) -> list[list[str]]:
                      f"{_fmt(enrich.get('cpu_us_per_event'), 1)} us/event"])
     elif flush is not None:
         add("flusher alone", flush)
+    raw_postgres = s.get("postgres")
+    if _ok(raw_postgres):
+        ways = raw_postgres["ways"]
+        rows.append(["raw PostgreSQL insert, events schema", "-", _fmt(raw_postgres["rows_per_s"]),
+                     "-", "-", "-", "-",
+                     f"COPY; {raw_postgres['transaction_rows']:,}-row transactions; "
+                     + ", ".join(f"{way} {_fmt(w['rows_per_s'])}/s" for way, w in ways.items()
+                                 if way != "COPY")])
+    elif raw_postgres is not None:
+        add("raw PostgreSQL insert, events schema", raw_postgres)
     reports = s.get("reports")
     if _ok(reports):
-        money = {"revenue", "mrr", "movements"}
-        for label, group in (
-                ("traffic reports (aggregate, breakdowns)",
-                 [r for r in reports["reports"] if r["name"] not in money]),
-                ("money reports (revenue, mrr, movements)",
-                 [r for r in reports["reports"] if r["name"] in money])):
+        for label, group in _report_groups(reports):
             if not group:
                 continue
             slowest = max(group, key=lambda r: r["seconds"])
@@ -233,7 +339,23 @@ def text_table(doc: dict) -> str:
     for t in doc["targets"]:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
         lines.append(f"  {t['target']}: {_fmt(t['figure'], 3) if isinstance(t['figure'], float) else _fmt(t['figure'])} ({verdict})")
+    postgres = doc.get("postgres")
+    if postgres:
+        rows = [HEADER, *table_rows(postgres)]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER) - 1)]
+        lines += ["", f"PostgreSQL ({doc['machine'].get('postgresql', '')}):"]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+                  for r in rows]
+        lines += ["", "PostgreSQL next to SQLite:"]
+        width = max(len(row["figure"]) for row in postgres["vs_sqlite"])
+        for row in postgres["vs_sqlite"]:
+            lines.append(f"  {row['figure'].ljust(width)}  {_fmt(row['sqlite'], 2):>10}"
+                         f"  {_fmt(row['postgres'], 2):>10}  x{_fmt(row['postgres_vs_sqlite'], 2)}")
     return "\n".join(lines)
+
+
+def _figure(value) -> str:
+    return _fmt(value, 1) if isinstance(value, float) and value < 100 else _fmt(value)
 
 
 def markdown(doc: dict) -> str:
@@ -250,6 +372,30 @@ def markdown(doc: dict) -> str:
         verdict = {True: "yes", False: "no", None: "not measured"}[t["met"]]
         figure = _fmt(t["figure"], 3) if isinstance(t["figure"], float) else _fmt(t["figure"])
         lines.append(f"| {t['target']} | {figure} | {verdict} |")
+    postgres = doc.get("postgres")
+    if postgres:
+        lines += ["", f"{m.get('postgresql', 'PostgreSQL')} on the same machine and the same "
+                  "scenarios (`--backend postgres`; the server's CPU read from its processes):",
+                  "", "| figure | SQLite | PostgreSQL | PostgreSQL / SQLite |", "|---|---|---|---|"]
+        for row in postgres["vs_sqlite"]:
+            if row["sqlite"] is None and row["postgres"] is None:
+                continue
+            lines.append(f"| {row['figure']} | {_figure(row['sqlite'])} | "
+                         f"{_figure(row['postgres'])} | {_fmt(row['postgres_vs_sqlite'], 2)} |")
+        failed = [f"{name}: {r.get('status')} ({r.get('reason', '')[:120]})"
+                  for name, r in postgres["scenarios"].items() if r.get("status") != "ok"]
+        if failed:
+            lines += ["", "Not measured on PostgreSQL: " + "; ".join(failed) + "."]
+        raw = _ok(postgres["scenarios"].get("postgres"))
+        if raw:
+            lines += ["", f"The events write on PostgreSQL, {raw['transaction_rows']:,}-row "
+                      "transactions of enriched events (`bench/postgres_insert.py`): "
+                      + "; ".join(f"{way} {_fmt(w['rows_per_s'])} rows/s, "
+                                  f"{_fmt(w['client_cpu_us_per_row'], 1)} us/row CPU in Python"
+                                  + (f" + {_fmt(w['server_cpu_us_per_row'], 1)} in the server"
+                                     if w.get("server_cpu_us_per_row") is not None else "")
+                                  for way, w in raw["ways"].items())
+                      + ". Storage writes events and sessions with COPY."]
     return "\n".join(lines)
 
 

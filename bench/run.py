@@ -1,22 +1,28 @@
 """`make bench`: Tally's ingestion measured against its own ceilings, side by side in one run.
 
     .venv/bin/python -m bench.run [--workers 2] [--duration 10] [--only NAME ...] [--readme]
+                                  [--backend sqlite postgres] [--postgres-url URL]
 
-Everything runs on this machine against 127.0.0.1: real gunicorn (`-k sync`, the repo's
+Everything runs on this machine against 127.0.0.1: real gunicorn (the repo's
 gunicorn.conf.py) on a fresh temporary database set up with the real `tally` CLI, load
-from wrk with bench/lua/post.lua. It reports and never fails on figures: a scenario that
-cannot run is recorded as skipped or error, and the exit status is 0. Only a missing wrk
-stops it (exit 2).
+from wrk with bench/lua/post.lua. Each backend runs its scenarios in turn on databases of
+its own: SQLite files in a temporary folder, or databases of the PostgreSQL server at
+--postgres-url (created for the run, dropped after it). It reports and never fails on
+figures: a scenario that cannot run is recorded as skipped or error, and the exit status
+is 0. Only a missing wrk stops it (exit 2).
 
 Figures: requests/s and events/s from wrk, p50/p99 from wrk's latency histogram, server CPU
 from /proc/<pid>/stat of the gunicorn workers (flush thread included) before and after,
 peak RSS per worker from VmHWM (reset through /proc/<pid>/clear_refs before each
-scenario), events persisted counted in the database after the queues drained.
+scenario), events persisted counted in the database after the queues drained. On
+PostgreSQL, the server's CPU for the bench database is read from its backends'
+/proc/<pid>/stat besides (the server runs on this machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import sqlite3
@@ -27,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -47,15 +53,20 @@ from bench.measure import (
     BIN,
     REPO,
     WRK,
+    DatabaseProbe,
     Load,
     PersistWatch,
     Service,
     WorkerProbe,
     WrkMissing,
     cpu_seconds,
+    database_env,
+    events_bytes,
     http,
     loadavg,
     machine_info,
+    open_target,
+    postgres_database,
     run_wrk,
     table_count,
     write_bodies,
@@ -67,8 +78,24 @@ from bench.results import README, RESULTS, assemble, text_table, update_readme, 
 # step between the last sustained rate and the first failure then refines the answer.
 BATCH_LADDER = (10_000, 20_000, 30_000, 40_000, 50_000, 60_000, 70_000, 80_000, 100_000,
                 120_000, 150_000, 200_000)
+# PostgreSQL's flush costs more CPU an event on this machine (the server shares its cores):
+# its ladder starts lower.
+BATCH_LADDERS = {"sqlite": BATCH_LADDER,
+                 "postgres": (2_500, 5_000, 7_500, 10_000, 15_000, 20_000, 30_000, 40_000,
+                              50_000, 60_000, 80_000, 100_000)}
 SCENARIOS = ("ceiling", "single", "collect", "batches", "payments", "slow_clients", "sqlite",
-             "flusher", "reports", "hostile")
+             "postgres", "flusher", "reports", "hostile")
+# What each backend runs, of those asked for: SQLite everything but PostgreSQL's raw insert;
+# PostgreSQL what depends on the database (the ceiling, the slow clients and the parsers
+# do not).
+BACKEND_SCENARIOS = {
+    "sqlite": tuple(name for name in SCENARIOS if name != "postgres"),
+    "postgres": ("single", "batches", "payments", "postgres", "flusher", "reports"),
+}
+BACKENDS = tuple(BACKEND_SCENARIOS)
+POSTGRES_URL = (os.environ.get("TALLY_BENCH_DATABASE_URL")
+                or os.environ.get("TALLY_TEST_DATABASE_URL")
+                or "postgresql://postgres@127.0.0.1:5432/test")
 # What the tracking script sends to /api/v1/collect (no key; the agent is a header).
 COLLECT_HEADERS = {"User-Agent": USER_AGENTS[0], "Content-Type": "text/plain"}
 # Time bounds that keep a whole run well under ten minutes whatever the code's speed.
@@ -88,20 +115,30 @@ class Bench:
     raw_rows: int = 500_000
     flusher_events: int = 1_000_000
     report_payments: int = 3_000
+    backend: str = "sqlite"
+    postgres_url: str = POSTGRES_URL  # the server, where the bench creates its databases
     tally: Service | None = None
-    db_path: str = ""
+    database: str = ""  # the service's: a SQLite path or a PostgreSQL URL
     site: str = ""
     key: str = ""
     flusher_db: str = ""
     flusher_site: str = ""
     flush_interval: float = 1.0
+    created: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def new_database(self, name: str) -> str:
+        """A new, empty database of the bench's backend: a SQLite file in the folder, or a
+        database of the PostgreSQL server (dropped by drop_databases)."""
+        if self.backend == "postgres":
+            return self.created.enter_context(postgres_database(self.postgres_url, f"bench_{name}"))
+        return str(self.folder / f"{name}.db")
 
     # Tally under gunicorn ---------------------------------------------------------
     def start_tally(self) -> Service:
         if self.tally is not None:
             return self.tally
-        self.db_path = str(self.folder / "tally.db")
-        env = {"TALLY_DB": self.db_path, "TALLY_LOG_LEVEL": "WARNING"}
+        self.database = self.new_database("tally")
+        env = {**database_env(self.database), "TALLY_LOG_LEVEL": "WARNING"}
         def run(*args: str) -> dict:
             proc = subprocess.run([str(BIN / "tally"), "--json", *args], capture_output=True,
                                   cwd=REPO, env={**os.environ, **env}, timeout=60)
@@ -129,14 +166,16 @@ class Bench:
 
     def closed_loop(self, service: Service, path: str, bodies: Path, events_per_request: int,
                     key: str | None = None, headers: dict | None = None) -> dict:
-        watch = PersistWatch(self.db_path) if events_per_request and self.db_path else None
+        watch = PersistWatch(self.database) if events_per_request and self.database else None
         probe = WorkerProbe(service.worker_pids()).start()
+        database = DatabaseProbe(self.database if service is self.tally else "").start()
         figures = run_wrk(service.url + path, bodies, self.load, key=key, headers=headers)
         accepted = figures["statuses"].get("204", 0) * events_per_request
         if watch is not None:
             watch.wait_for(watch.start_id + accepted, quiet=self.flush_interval + 0.5,
                            timeout=30)
-        return summarize(figures, probe.finish(), events_per_request, watch)
+        return summarize(figures, probe.finish() | {"database_cpu_s": database.finish()},
+                         events_per_request, watch)
 
     # The scenarios ----------------------------------------------------------------
     def ceiling(self) -> dict:
@@ -154,9 +193,9 @@ class Bench:
         sample = single_event_bodies(self.site)
         self.probe("/api/v1/events", sample[0], 204)
         bodies = write_bodies(self.folder / "single.txt", sample)
-        before = table_count(self.db_path, "events")
+        before = table_count(self.database, "events")
         result = self.closed_loop(tally, "/api/v1/events", bodies, 1, self.key)
-        result["events_in_db"] = table_count(self.db_path, "events") - before
+        result["events_in_db"] = table_count(self.database, "events") - before
         result["body_bytes"] = round(sum(map(len, sample)) / len(sample))
         return result
 
@@ -168,26 +207,28 @@ class Bench:
         if status != 204:
             raise ScenarioSkipped(f"POST /api/v1/collect answered {status}: {answer[:200]!r}")
         bodies = write_bodies(self.folder / "collect.txt", sample)
-        before = table_count(self.db_path, "events")
+        before = table_count(self.database, "events")
         result = self.closed_loop(tally, "/api/v1/collect", bodies, 1, headers=COLLECT_HEADERS)
-        result["events_in_db"] = table_count(self.db_path, "events") - before
+        result["events_in_db"] = table_count(self.database, "events") - before
         result["body_bytes"] = round(sum(map(len, sample)) / len(sample))
         return result
 
     def batch_step(self, events_per_s: int) -> dict:
         tally = self.tally
         bodies = self.folder / "batches.txt"
-        watch = PersistWatch(self.db_path)
-        before = table_count(self.db_path, "events")
+        watch = PersistWatch(self.database)
+        before = table_count(self.database, "events")
         probe = WorkerProbe(tally.worker_pids()).start()
+        database = DatabaseProbe(self.database).start()
         figures = run_wrk(tally.url + "/api/v1/events", bodies, self.load,
                           rate_rps=events_per_s / BATCH_SIZE, key=self.key)
         accepted = figures["statuses"].get("204", 0) * BATCH_SIZE
         watch.wait_for(watch.start_id + accepted, quiet=self.flush_interval + 0.5, timeout=60)
-        step = summarize(figures, probe.finish(), BATCH_SIZE, watch)
+        step = summarize(figures, probe.finish() | {"database_cpu_s": database.finish()},
+                         BATCH_SIZE, watch)
         step["offered_events_per_s"] = events_per_s
         step["rows_before"] = before
-        step["events_in_db"] = table_count(self.db_path, "events") - before
+        step["events_in_db"] = table_count(self.database, "events") - before
         offered_requests = events_per_s / BATCH_SIZE * figures["duration_s"]
         step["kept_schedule"] = figures["requests"] >= 0.97 * offered_requests
         non_204 = figures["requests"] - figures["statuses"].get("204", 0)
@@ -202,7 +243,8 @@ class Bench:
         write_bodies(self.folder / "batches.txt", sample)
         steps: list[dict] = []
         best = failure = None
-        ladder = BATCH_LADDER[::3] if self.quick else BATCH_LADDER
+        ladder = BATCH_LADDERS[self.backend]
+        ladder = ladder[::3] if self.quick else ladder
         for rate in ladder:
             step = self.batch_step(rate)
             steps.append(step)
@@ -235,9 +277,11 @@ class Bench:
         self.probe("/api/v1/payments", sample[0], 200)
         bodies = write_bodies(self.folder / "payments.txt", sample)
         probe = WorkerProbe(tally.worker_pids()).start()
+        database = DatabaseProbe(self.database).start()
         figures = run_wrk(tally.url + "/api/v1/payments", bodies, self.load, key=self.key)
-        result = summarize(figures, probe.finish(), 0, None, ok="200")
-        result["payments_in_db"] = table_count(self.db_path, "payments")
+        result = summarize(figures, probe.finish() | {"database_cpu_s": database.finish()},
+                           0, None, ok="200")
+        result["payments_in_db"] = table_count(self.database, "payments")
         result["distinct_payment_ids"] = len({orjson.loads(b)["payment_id"] for b in sample})
         return result
 
@@ -245,13 +289,13 @@ class Bench:
         """Raw executemany into the events table of schema.sql, same pragmas."""
         from storage.db import Database
 
-        if not self.db_path or table_count(self.db_path, "events") == 0:
+        if not self.database or table_count(self.database, "events") == 0:
             raise ScenarioSkipped("needs events stored by the single/batches scenarios")
-        sample_rows, columns = _sample_event_rows(self.db_path, 5_000)
+        sample_rows, columns = _sample_event_rows(self.database, 5_000)
         path = str(self.folder / "raw.db")
         conn = Database(path).connect()  # schema.sql, WAL, synchronous FULL, foreign keys
         try:
-            copy_referenced_rows(conn, self.db_path, "events")
+            copy_referenced_rows(conn, self.database, "events")
             txn = _flush_transaction_rows()
             ts_index = columns.index("ts") if "ts" in columns else None
             rows = _cycled_rows(sample_rows, self.raw_rows, ts_index)
@@ -273,6 +317,24 @@ class Bench:
                 "row_bytes": _average_row_bytes(sample_rows),
                 "what": "rows as the service stored them, executemany into a fresh database"}
 
+    def postgres(self) -> dict:
+        """The flush's events write three ways into a fresh database, at the flush's transaction
+        size (bench/postgres_insert.py): executemany, multi-row INSERT, and COPY (storage's)."""
+        from bench import postgres_insert
+
+        url = self.new_database("raw")
+        db = open_target(url)
+        try:
+            rows = postgres_insert.event_rows(db, max(1, self.raw_rows // 5))
+            txn = _flush_transaction_rows()
+            ways = postgres_insert.measure(db, rows, txn, 1, list(postgres_insert.WAYS)[:3])
+        finally:
+            db.close()
+        return {"rows": len(rows), "rows_per_s": ways["COPY"]["rows_per_s"],
+                "transaction_rows": txn, "ways": ways,
+                "what": "enriched event rows, each way into an emptied events table; "
+                        "rows_per_s is COPY's, what storage uses on PostgreSQL"}
+
     def slow_clients(self) -> dict:
         """/healthz while idle and slow-body clients hold connections (bench/hostile.py)."""
         return hostile.slow_clients(self.start_tally().url)
@@ -282,22 +344,26 @@ class Bench:
         return hostile.parsers()
 
     def flusher(self) -> dict:
-        return flusher_drain(self.folder, self.flusher_events, self)
+        return flusher_drain(self.new_database("flusher"), self.flusher_events, self)
 
     def reports(self) -> dict:
         """Each report over the flusher scenario's stored events, through the real service,
         after payments (linked to the events' `$identify` user ids) are posted."""
         if not self.flusher_db:
             raise ScenarioSkipped("needs the events stored by the flusher scenario")
-        from storage.db import Database
         from storage.directory import Directory
 
-        key = Directory(Database(self.flusher_db), time.time).create_key(
-            self.flusher_site, ["read", "payments"])["key"]
+        db = open_target(self.flusher_db)
+        try:
+            key = Directory(db, time.time).create_key(
+                self.flusher_site, ["read", "payments"])["key"]
+        finally:
+            db.close()
         headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         service = Service("app:app", REPO / "gunicorn.conf.py", self.workers,
                           self.folder / "reports.log",
-                          {"TALLY_DB": self.flusher_db, "TALLY_LOG_LEVEL": "WARNING"}).wait_ready()
+                          {**database_env(self.flusher_db), "TALLY_LOG_LEVEL": "WARNING"}
+                          ).wait_ready()
         try:
             status, answer = http("GET", service.url + REPORT_PATHS[0][1], headers=headers)
             if status == 404:
@@ -323,9 +389,19 @@ class Bench:
                         "stored) and runs_s[1:] answer from stored days"}
 
     def close(self) -> None:
+        """Stop the service (the databases stay, for the scenarios after)."""
         if self.tally is not None:
             self.tally.stop()
             self.tally = None
+
+    def drop_databases(self) -> str | None:
+        """Stop the service and drop the PostgreSQL databases; why a drop failed, if one did."""
+        self.close()
+        try:
+            self.created.close()
+        except Exception as exc:  # a bench reports; a database left behind is said, not fatal
+            return f"{type(exc).__name__}: {exc}"[:300]
+        return None
 
 
 REPORT_PATHS = (
@@ -408,6 +484,12 @@ def summarize(figures: dict, server: dict, events_per_request: int,
             server["request_thread_cpu_s"] * 1e6 / work_units, 1)
         result["flush_cpu_us_per_event"] = round(
             (server["cpu_s"] - server["request_thread_cpu_s"]) * 1e6 / work_units, 1)
+    if server.get("database_cpu_s") is not None:
+        # PostgreSQL's share, in its own processes: the workers' CPU leaves it out.
+        result["database_cpu_s"] = server["database_cpu_s"]
+        per = "event" if events_per_request else "request"
+        result[f"database_cpu_us_per_{per}"] = round(
+            server["database_cpu_s"] * 1e6 / work_units, 1) if work_units else None
     if watch is not None:
         # Stored events over the load window: with the queue bounded, a run that ends with
         # everything stored and no 503 kept up all along (at most the queues were pending).
@@ -421,7 +503,7 @@ def _step_line(step: dict) -> dict:
     keys = ("offered_events_per_s", "events_per_s", "persisted_events_per_s", "events_in_db",
             "statuses", "socket_errors", "late_requests", "kept_schedule", "p50_ms", "p99_ms",
             "cpu_us_per_event", "request_cpu_us_per_event", "flush_cpu_us_per_event",
-            "peak_rss_mib", "rows_before", "drain_s", "sustained")
+            "database_cpu_us_per_event", "peak_rss_mib", "rows_before", "drain_s", "sustained")
     return {k: step.get(k) for k in keys}
 
 
@@ -490,15 +572,17 @@ def _flush_transaction_rows() -> int:
     return max(1, Config().queue_max // 2)
 
 
-def flusher_drain(folder: Path, events: int, bench: Bench | None = None,
+def flusher_drain(target: str, events: int, bench: Bench | None = None,
                   spread_days: int = 30) -> dict:
-    """The project's own flush thread alone storing `events` events into SQLite.
+    """The project's own flush thread alone storing `events` events into `target` (a new
+    SQLite file's path or an empty PostgreSQL database's URL).
 
     A feeder keeps the worker's queue (TALLY_QUEUE_MAX, as in the service) topped up with
     prebuilt accepted units, so the flush thread works at its natural transaction size
     until all are stored. Receipt times spread over `spread_days` so the database is a
     realistic one for the reports scenario. Then the same drain with the write replaced
-    by nothing splits enrichment from the write.
+    by nothing splits enrichment from the write. On PostgreSQL the server's CPU for the
+    database is measured besides the flush thread's.
     """
     try:
         from enrichment.enricher import Enricher
@@ -509,12 +593,10 @@ def flusher_drain(folder: Path, events: int, bench: Bench | None = None,
     import secrets
 
     from config import Config
-    from storage.db import Database
     from storage.directory import Directory
 
     config = Config.from_env()
-    path = str(folder / "flusher.db")
-    db = Database(path)
+    db = open_target(target)
     directory = Directory(db, time.time)
     account = directory.create_account("Bench", "scale")
     site = directory.create_site(account["id"], list(SITE_HOSTS))
@@ -531,6 +613,7 @@ def flusher_drain(folder: Path, events: int, bench: Bench | None = None,
         # Its CPU, read from /proc: the thread the Flusher started, found by its name.
         thread_id = next(t.native_id for t in threading.enumerate() if t.name == "tally-flush")
         cpu_before = cpu_seconds(os.getpid(), thread_id) or 0.0
+        database = DatabaseProbe(target).start()
         started = time.perf_counter()
         deadline = started + FLUSHER_SECONDS
         count = 0
@@ -543,22 +626,34 @@ def flusher_drain(folder: Path, events: int, bench: Bench | None = None,
         done = flusher.flush_now(timeout=120)
         seconds = time.perf_counter() - started
         cpu = (cpu_seconds(os.getpid(), thread_id) or 0.0) - cpu_before
+        database_cpu = database.finish()
         flusher.stop(timeout=60)
-        return {"events": count, "seconds": round(seconds, 2),
-                "events_per_s": round(count / seconds), "finished": done,
-                "stopped_at_time_bound": count < sum(len(unit.events) for unit in units),
-                "cpu_us_per_event": round(cpu * 1e6 / count, 1)}
+        figures = {"events": count, "seconds": round(seconds, 2),
+                   "events_per_s": round(count / seconds), "finished": done,
+                   "stopped_at_time_bound": count < sum(len(unit.events) for unit in units),
+                   "cpu_us_per_event": round(cpu * 1e6 / count, 1)}
+        if database_cpu is not None:
+            figures["database_cpu_us_per_event"] = round(database_cpu * 1e6 / count, 1)
+        return figures
 
-    result = drain(units)
-    result["events_stored"] = table_count(path, "events")
-    result["queue_max"] = config.queue_max
-    result["what"] = ("ingest.flusher.Flusher in the bench process, its queue kept full; "
-                      "CPU is the flush thread's")
-    if bench is not None:
-        bench.flusher_db, bench.flusher_site = path, site["id"]
-    result["enrich_only"] = drain(units[: max(1, len(units) // 5)],
-                                  write=lambda conn, batch: None)
-    result["enrich_only"]["what"] = "the same drain with the write replaced by nothing"
+    try:
+        result = drain(units)
+        result["events_stored"] = table_count(target, "events")
+        stored_bytes = events_bytes(target)
+        if stored_bytes and result["events_stored"]:
+            result["bytes_per_event"] = round(stored_bytes / result["events_stored"])
+        result["queue_max"] = config.queue_max
+        result["what"] = ("ingest.flusher.Flusher in the bench process, its queue kept full; "
+                          "CPU is the flush thread's"
+                          + ("; database CPU is PostgreSQL's for this database"
+                             if "database_cpu_us_per_event" in result else ""))
+        if bench is not None:
+            bench.flusher_db, bench.flusher_site = target, site["id"]
+        result["enrich_only"] = drain(units[: max(1, len(units) // 5)],
+                                      write=lambda conn, batch: None)
+        result["enrich_only"]["what"] = "the same drain with the write replaced by nothing"
+    finally:
+        db.close()
     return result
 
 
@@ -620,6 +715,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--quick", action="store_true", help="fewer ladder steps, smaller sets")
+    parser.add_argument("--flusher-events", type=int, default=None,
+                        help="events the flusher stores for the reports (default 1,000,000;"
+                             " 100,000 with --quick)")
+    parser.add_argument("--backend", nargs="+", choices=BACKENDS, default=list(BACKENDS),
+                        help="the databases to measure, each with its scenarios")
+    parser.add_argument("--postgres-url", default=POSTGRES_URL,
+                        help="the PostgreSQL server; the bench creates databases of its own"
+                             " there (its role may create databases)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--readme", action="store_true", help="rewrite README's bench block")
     parser.add_argument("--wrk", default="wrk", help="the wrk command")
@@ -639,29 +742,66 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = {"workers": args.workers, "wrk_threads": load.threads,
                 "wrk_connections": load.connections, "step_seconds": load.duration,
                 "quick": args.quick, "batch_driver": "wrk + bench/lua/post.lua slot schedule"}
-    scenarios: dict = {}
+    backends = [b for b in args.backend if set(BACKEND_SCENARIOS[b]) & set(args.only)]
+    settings["backends"] = backends
+    runs: dict[str, dict] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tally-bench-") as folder:
-        bench = Bench(args.workers, load, Path(folder), quick=args.quick)
-        if args.quick:
-            bench.raw_rows, bench.flusher_events, bench.report_payments = 100_000, 100_000, 500
-        try:
-            for name in SCENARIOS:
-                if name in args.only:
-                    if name == "flusher":
-                        bench.close()  # the flusher runs alone, with no server using CPU
-                    scenarios[name] = run_scenario(name, getattr(bench, name), log)
-        finally:
-            bench.close()
+        for backend in backends:
+            bench = Bench(args.workers, load, Path(folder) / backend, quick=args.quick,
+                          backend=backend, postgres_url=args.postgres_url)
+            bench.folder.mkdir()
+            if args.quick:
+                bench.raw_rows, bench.flusher_events, bench.report_payments = 100_000, 100_000, 500
+            if args.flusher_events:
+                bench.flusher_events = args.flusher_events
+            if backend == "postgres":
+                machine["postgresql"] = postgres_version(args.postgres_url)
+            runs[backend] = run_backend(bench, [n for n in BACKEND_SCENARIOS[backend]
+                                                if n in args.only], machine, log)
+    settings["flusher_events"] = bench.flusher_events if backends else None
     machine["loadavg_after"] = loadavg()
     settings["total_seconds"] = round(time.monotonic() - started, 1)
-    doc = assemble(machine, settings, scenarios)
+    doc = assemble(machine, settings, runs.get("sqlite", {}), postgres=runs.get("postgres"))
     write_results(doc, args.out)
     print(text_table(doc))
     print(f"\nwritten: {args.out}")
     if args.readme and update_readme(doc):
         print(f"updated: {README.relative_to(REPO)} (Performance)")
     return 0
+
+
+def postgres_version(url: str) -> str:
+    """The server's version, or why it cannot be reached."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+            return "PostgreSQL " + conn.execute("SHOW server_version").fetchone()[0]
+    except psycopg.Error as exc:
+        return f"unreachable: {str(exc).strip()[:200]}"
+
+
+def run_backend(bench: Bench, names: list[str], machine: dict,
+                log: Callable[[str], None]) -> dict:
+    """The scenarios `names` on the bench's backend, in order; its databases dropped after."""
+    if machine.get("postgresql", "").startswith("unreachable") and bench.backend == "postgres":
+        from storage.postgres import redact
+
+        reason = f"no PostgreSQL at {redact(bench.postgres_url)}: {machine['postgresql']}"
+        log(f"bench: postgres skipped ({reason})")
+        return {name: {"status": "skipped", "reason": reason} for name in names}
+    scenarios: dict = {}
+    try:
+        for name in names:
+            if name == "flusher":
+                bench.close()  # the flusher runs alone, with no server using CPU
+            scenarios[name] = run_scenario(f"{bench.backend} {name}", getattr(bench, name), log)
+    finally:
+        failure = bench.drop_databases()
+        if failure:
+            log(f"bench: {bench.backend} databases not all dropped: {failure}")
+    return scenarios
 
 
 if __name__ == "__main__":

@@ -188,3 +188,55 @@ def test_collect_bodies_are_what_the_script_sends():
         assert parse_events(event, 1_790_000_000_000)[0] == site
     client = webtest.TestApp(create_app())
     assert client.post("/api/v1/collect", body, content_type="text/plain", status=204).body == b""
+
+
+POSTGRES_SCENARIOS = {
+    "single": _scenario(requests_per_s=1_800, events_per_s=1_800, p50_ms=2.0, p99_ms=8.0,
+                        cpu_us_per_event=200.0, database_cpu_us_per_event=30.0,
+                        peak_rss_mib=[70.0], events_in_db=18_000),
+    "postgres": _scenario(rows=100_000, rows_per_s=90_000, transaction_rows=5_000, ways={
+        "executemany": {"rows_per_s": 10_000, "client_cpu_us_per_row": 25.0,
+                        "server_cpu_us_per_row": 60.0},
+        "COPY": {"rows_per_s": 90_000, "client_cpu_us_per_row": 3.0,
+                 "server_cpu_us_per_row": None}}),
+    "payments": {"status": "error", "reason": "RuntimeError: pg boom"},
+}
+
+
+def test_postgres_figures_sit_next_to_sqlites_with_their_ratio():
+    doc = results.assemble({"cores": 2, "cpu_model": "Test CPU", "postgresql": "PostgreSQL 15.9"},
+                           {"workers": 2}, SCENARIOS, postgres=POSTGRES_SCENARIOS,
+                           date="2026-11-26T00:00:00Z")
+    postgres = doc["postgres"]
+    assert postgres["backend"] == "postgres" and postgres["scenarios"] == POSTGRES_SCENARIOS
+    assert postgres["figures"]["single_vs_ceiling"] is None  # no ceiling of its own
+    side = {row["figure"]: row for row in postgres["vs_sqlite"]}
+    assert side["single events, req/s"] == {"figure": "single events, req/s", "sqlite": 3_600,
+                                            "postgres": 1_800, "postgres_vs_sqlite": 0.5}
+    raw = side["raw events insert, rows/s (SQLite executemany, PostgreSQL COPY)"]
+    assert (raw["sqlite"], raw["postgres"], raw["postgres_vs_sqlite"]) == (100_000, 90_000, 0.9)
+    assert side["payments upserts, req/s"]["postgres"] is None
+    text = results.markdown(doc)
+    assert "PostgreSQL 15.9 on the same machine" in text
+    assert "| single events, req/s | 3,600 | 1,800 | 0.50 |" in text
+    assert "payments: error (RuntimeError: pg boom)" in text
+    assert "COPY 90,000 rows/s, 3.0 us/row CPU in Python." in text
+    table = results.text_table(doc)
+    assert "raw PostgreSQL insert, events schema" in table and "executemany 10,000/s" in table
+    assert "PostgreSQL next to SQLite" in table
+    without = results.assemble({"cores": 2, "cpu_model": "T"}, {"workers": 2}, SCENARIOS)
+    assert "postgres" not in without and "PostgreSQL" not in results.markdown(without)
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
+def test_an_unreachable_postgresql_is_recorded_as_skipped(tmp_path, capsys):
+    out = tmp_path / "latest.json"
+    assert run.main(["--backend", "postgres", "--only", "single", "flusher", "--out", str(out),
+                     "--postgres-url", "postgresql://bench:secret@127.0.0.1:1/none"]) == 0
+    doc = orjson.loads(out.read_bytes())
+    assert doc["scenarios"] == {} and doc["settings"]["backends"] == ["postgres"]
+    skipped = doc["postgres"]["scenarios"]
+    assert set(skipped) == {"single", "flusher"}
+    assert all(r["status"] == "skipped" and "no PostgreSQL at" in r["reason"]
+               for r in skipped.values())
+    assert "secret" not in out.read_text() and "secret" not in capsys.readouterr().err
