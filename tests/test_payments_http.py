@@ -12,7 +12,7 @@ import webtest
 
 from app import create_app
 from storage.backend import open_database
-from tests.conftest import WriteLock, bearer, config_for, execute, is_postgres, rows
+from tests.conftest import FakeClock, WriteLock, bearer, config_for, execute, is_postgres, rows
 from tests.test_http_foundation import assert_envelope
 
 URL = "/api/v1/payments"
@@ -197,8 +197,38 @@ def base_for(field: str) -> dict:
     return payment({"subscription": {"id": "sub_1"}}) if field.startswith("subscription.") else BASE
 
 
+@pytest.fixture(scope="module")
+def refusing_apps(module_database):
+    """An app, site and key per backend for the module's refusal tables. A refused payment
+    stores nothing, so their hundreds of cases share one (each checks nothing was stored)."""
+    made = {}
+
+    def on(backend: str):
+        if backend not in made:
+            db = module_database(backend)
+            tally = create_app(config_for(db), clock=FakeClock())
+            account = tally.directory.create_account("Refusals", "free")
+            site = tally.directory.create_site(account["id"], ["example.com", "www.example.com"])
+            key = tally.directory.create_key(site["id"], ["events", "payments", "read"])
+            made[backend] = (tally, db, webtest.TestApp(tally),
+                             {"account": account, "site": site, "key": key["key"],
+                              "key_id": key["id"]})
+        return made[backend][1:]
+
+    yield on
+    for tally, *_ in made.values():
+        tally.stop(timeout=5)
+
+
+@pytest.fixture
+def refusing(refusing_apps, backend):
+    """(database, client, site) shared by the refusal tests of one backend."""
+    return refusing_apps(backend)
+
+
 @pytest.mark.parametrize("field, value, message", CASES)
-def test_each_invalid_field_gets_its_message(client, site, db_path, field, value, message):
+def test_each_invalid_field_gets_its_message(refusing, field, value, message):
+    db_path, client, site = refusing
     resp = post(client, site, payment({field: value}, base=base_for(field)))
     assert error_message(resp) == f"invalid payment input: {field}: {message}"
     assert rows(db_path, "SELECT count(*) AS n FROM payments") == [{"n": 0}]
@@ -270,7 +300,8 @@ def test_all_errors_in_one_message_sorted_by_field(client, site):
          'invalid JSON: unknown field "customer.Email"'),
     ],
 )
-def test_malformed_json_and_unknown_fields_are_invalid_json(client, site, db_path, raw, message):
+def test_malformed_json_and_unknown_fields_are_invalid_json(refusing, raw, message):
+    db_path, client, site = refusing
     got = error_message(post(client, site, raw))
     assert got.startswith("invalid JSON: ")
     if message:
