@@ -63,11 +63,11 @@ test-dist-binary: install dist-binary
 system-deps:
 	@bash scripts/system-deps.sh
 
-# The suite in PYTEST_WORKERS processes, a test module per process at a time (module-scoped
-# worlds are built once). Both backends: PostgreSQL at TALLY_TEST_DATABASE_URL (README).
+# The suite in PYTEST_WORKERS processes (an idle one takes tests from a busy one), on both
+# backends: PostgreSQL at TALLY_TEST_DATABASE_URL (README).
 PYTEST_WORKERS ?= 3
 test: install system-deps
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 lint: install
 	$(BIN)/ruff check .

@@ -77,6 +77,25 @@ def pytest_configure(config):
         "markers", "sqlite_only: checks the SQLite file itself; not run on PostgreSQL")
 
 
+# The tables the catalog churn of a schema per test leaves dead rows in. A server without
+# autovacuum (as the project's test server runs) would keep them forever and slow down.
+CHURNED_CATALOGS = ("pg_attribute", "pg_class", "pg_type", "pg_depend", "pg_index",
+                    "pg_constraint", "pg_trigger", "pg_proc", "pg_attrdef", "pg_namespace",
+                    "pg_sequence", "pg_init_privs", "pg_description")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):
+        return  # xdist: the controlling process vacuums once, after every worker
+    import psycopg
+
+    try:
+        with psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=3) as admin:
+            admin.execute(f"VACUUM {', '.join(f'pg_catalog.{t}' for t in CHURNED_CATALOGS)}")
+    except psycopg.Error:
+        pass  # no server, or not allowed to vacuum the catalogs: nothing to tidy
+
+
 def pytest_generate_tests(metafunc):
     if "backend" in metafunc.fixturenames:
         only_sqlite = metafunc.definition.get_closest_marker("sqlite_only") is not None
