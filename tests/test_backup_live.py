@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -50,7 +51,11 @@ def test_backups_under_load_are_consistent_and_restore(db_path, server_factory, 
         writer.start()
     copies = []
     try:
-        while sent["events"] < 200:
+        # Acknowledged is not yet stored: wait (bounded) until a flush has stored some, so
+        # every copy below holds events, however loaded the machine is.
+        deadline = time.monotonic() + 60
+        while (sent["events"] < 200 or not rows(db_path, "SELECT 1 FROM events LIMIT 1")) \
+                and time.monotonic() < deadline:
             threading.Event().wait(0.05)
         for n in range(3):
             copy = tmp_path / f"backup-{n}.db"
