@@ -262,6 +262,36 @@ def execute(db_path: str, sql: str, params=()) -> int:
         conn.close()
 
 
+def fill_postgres_disk(db: str, tables: tuple[str, ...]) -> None:
+    """Writes to `tables` fail as PostgreSQL's do when it cannot extend a file (disk_full),
+    through triggers: the server's real disk cannot be filled for one schema."""
+    execute(db, "CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$"
+                " BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'"
+                " USING ERRCODE = 'disk_full'; END $$")
+    for table in tables:
+        # sql-safe: table names the test passes, fixed in its code
+        execute(db, f"CREATE TRIGGER disk_full BEFORE INSERT OR UPDATE ON {table}"
+                    " FOR EACH ROW EXECUTE FUNCTION disk_full()")
+
+
+def free_postgres_disk(db: str, tables: tuple[str, ...]) -> None:
+    for table in tables:
+        execute(db, f"DROP TRIGGER disk_full ON {table}")  # sql-safe: as in fill_postgres_disk
+
+
+@pytest.fixture
+def store(db_path):
+    """A database with account 1 and site 1, for tests below the HTTP layer."""
+    from storage.backend import open_database
+
+    db = open_database(config_for(db_path))
+    with db.transaction() as conn:
+        conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'acct_a', 'A', 0)")
+        conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 'site_a', 1, 0)")
+    yield db
+    db.close()
+
+
 def database_dump(db_path: str) -> str:
     """Everything stored, as text: SQLite's iterdump, or pg_dump of the test's schema."""
     if not is_postgres(db_path):

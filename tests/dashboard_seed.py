@@ -9,7 +9,9 @@ from datetime import UTC, datetime
 import orjson
 import webtest
 
-from tests.conftest import bearer, cli_json, run_cli
+from app import create_app
+from config import Config
+from tests.conftest import FakeClock, bearer, cli_json, run_cli
 
 PASSWORD = "correct horse battery staple"
 UA = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
@@ -81,3 +83,14 @@ def traffic(tally, site: dict, now: float, advance=None) -> None:
                                     "status": "active", "started_at": paid_at}}
         client.post("/api/v1/payments", orjson.dumps(payment),
                     headers={**headers, "Content-Type": "application/json"}, status=200)
+
+
+def world(db: str) -> tuple[dict, float]:
+    """(the accounts above, the clock's time after) for a new SQLite file `db`: users,
+    sites and traffic on site a, as some weeks of a site owner's use leave them."""
+    made = users(db)
+    clock = FakeClock()
+    tally = create_app(Config(db_path=db), clock=clock)
+    traffic(tally, made["a"], clock(), clock.advance)
+    tally.stop(timeout=5)
+    return made, clock()

@@ -13,7 +13,6 @@ import pytest
 import webtest
 
 from app import create_app
-from config import Config
 from dashboard.web import FAILED_LOGIN_LIMIT, PAGE_ROUTES, SESSION_SECONDS
 from tests import dashboard_seed as seed
 from tests.conftest import FakeClock, bearer, cli_json, config_for, copy_database, rows, run_cli
@@ -23,12 +22,7 @@ from tests.conftest import FakeClock, bearer, cli_json, config_for, copy_databas
 def world_db(tmp_path_factory):
     """Users, sites and traffic, made once for the module; each test copies the file."""
     db = str(tmp_path_factory.mktemp("dash") / "seed.db")
-    world = seed.users(db)
-    clock = FakeClock()
-    tally = create_app(Config(db_path=db), clock=clock)
-    seed.traffic(tally, world["a"], clock(), clock.advance)
-    tally.stop(timeout=5)
-    return db, world, clock()
+    return (db, *seed.world(db))
 
 
 @pytest.fixture

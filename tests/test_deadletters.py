@@ -7,13 +7,11 @@ import orjson
 import pytest
 
 from quota.usage import QuotaGuard
-from storage.backend import open_database
 from storage.db import Database
 from tests.conftest import (
     FakeClock,
     bearer,
     cli_json,
-    config_for,
     execute,
     is_postgres,
     rows,
@@ -23,16 +21,6 @@ from tests.test_ingest import NOW_MS, count, make_flusher, unit
 from validation.event import parse_events
 
 FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
-
-
-@pytest.fixture
-def store(db_path):
-    db = open_database(config_for(db_path))
-    with db.transaction() as conn:
-        conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
-        conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 's', 1, 0)")
-    yield db
-    db.close()
 
 
 def refusing_trigger(db_path: str, name: str, table: str, message: str,

@@ -24,7 +24,8 @@ from tests.conftest import (
     WriteLock,
     bearer,
     cli_json,
-    execute,
+    fill_postgres_disk,
+    free_postgres_disk,
     http,
     is_postgres,
     rows,
@@ -190,13 +191,7 @@ def test_a_full_disk_on_postgresql_refuses_loses_nothing_and_recovers(postgres_s
                     env={"TALLY_QUEUE_MAX": "50", "TALLY_FLUSH_INTERVAL": "0.2"}).wait_ready()
     try:
         assert send_payment(server, world, "pay_before")[0] == 200
-        execute(db, "CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$"
-                    " BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'"
-                    " USING ERRCODE = 'disk_full'; END $$")
-        for table in ("events", "payments"):
-            # sql-safe: table from the fixed tuple above
-            execute(db, f"CREATE TRIGGER disk_full BEFORE INSERT OR UPDATE ON {table}"
-                        " FOR EACH ROW EXECUTE FUNCTION disk_full()")
+        fill_postgres_disk(db, ("events", "payments"))
         answers = {f"pay_full_{n}": send_payment(server, world, f"pay_full_{n}") for n in range(3)}
         for answer in answers.values():
             assert_refusal(*answer, (500,))
@@ -205,8 +200,7 @@ def test_a_full_disk_on_postgresql_refuses_loses_nothing_and_recovers(postgres_s
         assert refused, "the queues never filled"
         assert "No space left on device" in server.log()
 
-        for table in ("events", "payments"):
-            execute(db, f"DROP TRIGGER disk_full ON {table}")  # space returns
+        free_postgres_disk(db, ("events", "payments"))  # space returns
         assert wait_until(lambda: stored_event_numbers(db) >= acked), server.log()[-3000:]
         for payment_id in answers:
             assert send_payment(server, world, payment_id)[0] == 200

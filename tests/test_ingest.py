@@ -15,7 +15,6 @@ from ingest.flusher import Flusher
 from ingest.pipeline import write_batch
 from ingest.queue import Accepted, EventQueue
 from quota.usage import QuotaGuard
-from storage.backend import open_database
 from tests.conftest import (
     FakeClock,
     WriteLock,
@@ -77,16 +76,6 @@ def test_offer_wakes_the_flush_thread_at_a_quarter_of_the_queue():
 
 
 # The flush thread --------------------------------------------------------------------
-
-
-@pytest.fixture
-def store(db_path):
-    db = open_database(config_for(db_path))
-    with db.transaction() as conn:
-        conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'acct_a', 'A', 0)")
-        conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 'site_a', 1, 0)")
-    yield db
-    db.close()
 
 
 def make_flusher(db, write=write_batch, interval=3600.0, quota=None, queue_max=10_000):

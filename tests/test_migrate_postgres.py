@@ -10,7 +10,6 @@ import pytest
 import webtest
 
 from app import create_app
-from config import Config
 from tests import dashboard_seed as seed
 from tests.conftest import FakeClock, bearer, cli_json, config_for, rows, run_cli
 
@@ -22,12 +21,7 @@ REPORTS = (("revenue",), ("mrr",), ("traffic", "--by", "source"), ("goals",),
 def seeded(tmp_path_factory):
     """A SQLite database as a site owner's would be after some weeks: the dashboard's world."""
     db = str(tmp_path_factory.mktemp("migrate") / "tally.db")
-    world = seed.users(db)
-    clock = FakeClock()
-    tally = create_app(Config(db_path=db), clock=clock)
-    seed.traffic(tally, world["a"], clock(), clock.advance)
-    tally.stop(timeout=5)
-    return db, world, clock()
+    return (db, *seed.world(db))
 
 
 def tables(db: str) -> list[str]:

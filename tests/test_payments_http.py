@@ -12,7 +12,16 @@ import webtest
 
 from app import create_app
 from storage.backend import open_database
-from tests.conftest import FakeClock, WriteLock, bearer, config_for, execute, is_postgres, rows
+from tests.conftest import (
+    FakeClock,
+    WriteLock,
+    bearer,
+    config_for,
+    fill_postgres_disk,
+    free_postgres_disk,
+    is_postgres,
+    rows,
+)
 from tests.test_http_foundation import assert_envelope
 
 URL = "/api/v1/payments"
@@ -467,11 +476,7 @@ def fill_the_disk(tally, db_path) -> None:
     connection: webtest runs in this thread); PostgreSQL, which has no such limit per
     session, refuses the payment's last write with disk_full, as its full disk does."""
     if is_postgres(db_path):
-        execute(db_path, "CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$"
-                         " BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'"
-                         " USING ERRCODE = 'disk_full'; END $$")
-        execute(db_path, "CREATE TRIGGER disk_full BEFORE INSERT OR UPDATE ON subscriptions"
-                         " FOR EACH ROW EXECUTE FUNCTION disk_full()")
+        fill_postgres_disk(db_path, ("subscriptions",))
         return
     conn = tally.db.conn()
     pages = conn.execute("PRAGMA page_count").fetchone()[0]
@@ -480,7 +485,7 @@ def fill_the_disk(tally, db_path) -> None:
 
 def free_the_disk(tally, db_path) -> None:
     if is_postgres(db_path):
-        execute(db_path, "DROP TRIGGER disk_full ON subscriptions")
+        free_postgres_disk(db_path, ("subscriptions",))
     else:
         tally.db.conn().execute("PRAGMA max_page_count = 1073741823")
 
