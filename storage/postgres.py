@@ -541,7 +541,6 @@ class PostgresDatabase:
                     # A connection the server ended (restart, failover) is replaced at
                     # checkout instead of failing the request that draws it.
                     check=ConnectionPool.check_connection,
-                    reset=lambda raw: raw.execute(f"SET lock_timeout = {int(lock_timeout_ms)}"),  # sql-safe: an int
                     timeout=lock_timeout_ms / 1000)
                 self._pool_pid = os.getpid()
             return self._pool
