@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 
 from storage.browser_ids import browser_visitor_id, is_browser_id
-from storage.db import Database
+from storage.db import Database, integrity_problems
 from storage.dialect import counted_by_month, dialect
 from vocabulary import TS_FUTURE_MS, TS_PAST_MS, UNCOUNTED_EVENTS
 
@@ -76,7 +76,8 @@ def _backup_sqlite(db: Database, partial: Path) -> tuple[int, str]:
             source.backup(target)  # pages=-1: the whole file within one read transaction
             # A backup is one self-contained file: no -wal beside it.
             target.execute("PRAGMA journal_mode = DELETE")
-            integrity = target.execute("PRAGMA quick_check").fetchone()[0]
+            problems = integrity_problems(target)
+            integrity = "ok" if not problems else "; ".join(problems[:20])
             version = target.execute("PRAGMA user_version").fetchone()[0]
         finally:
             target.close()

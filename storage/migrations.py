@@ -6,7 +6,8 @@ transaction, with the user_version the file had (0: a new file, nothing to move)
 Version 9: subscription_observations.payment_id and subscriptions.payment_id became
 optional (a subscription state known without a payment) and observations gained
 event_id. The old tables are renamed aside with their indexes dropped, schema.sql
-creates the new ones, and the rows are copied over.
+creates the new ones, and the rows are copied over. Versions 14 and 15 move tables the
+same way (below).
 """
 
 from __future__ import annotations
@@ -27,6 +28,18 @@ _ASIDE = "{}_before_9"
 _UID_ASIDE = "visitor_identities_before_14"
 
 
+# Version 15: traffic_day_dimensions declared (site_id, day, dimension) under the key
+# (site_id, dimension, day); SQLite 3.40's quick_check misreads such a WITHOUT ROWID table
+# and reports NULLs that are not there, so start-up and backups refused a healthy file.
+# traffic_day_values, whose foreign key names it, moves with it: renaming a parent rewrites
+# its children's references, so both are set aside, made again and copied.
+_REBUILT_FOR_15 = {  # table -> (indexes schema.sql makes again, columns)
+    "traffic_day_values": (("traffic_day_values_read",),
+                           "site_id, day, dimension, value, visitors, pageviews, events"),
+    "traffic_day_dimensions": ((), "site_id, dimension, day"),
+}
+
+
 def before_script(conn: sqlite3.Connection, version: int) -> None:
     if 0 < version < 9:
         for table, indexes in _REBUILT_FOR_9.items():
@@ -36,6 +49,13 @@ def before_script(conn: sqlite3.Connection, version: int) -> None:
             conn.execute(f"ALTER TABLE {table} RENAME TO {_ASIDE.format(table)}")
             for index in indexes:
                 conn.execute(f"DROP INDEX IF EXISTS {index}")  # sql-safe: fixed names above
+    if 0 < version < 15:  # before the version-14 step, which leaves legacy renames
+        for table, (indexes, _) in _REBUILT_FOR_15.items():
+            if _exists(conn, table):
+                for index in indexes:
+                    conn.execute(f"DROP INDEX IF EXISTS {index}")  # sql-safe: fixed names above
+                # sql-safe: identifiers from the fixed table _REBUILT_FOR_15
+                conn.execute(f"ALTER TABLE {table} RENAME TO {table}_before_15")
     if 0 < version < 14 and _exists(conn, "visitor_identities"):
         # Its trigger and index go with it and schema.sql makes them again; legacy mode
         # keeps the other triggers' bodies naming visitor_identities, the new table. Last,
@@ -48,6 +68,14 @@ def before_script(conn: sqlite3.Connection, version: int) -> None:
 
 
 def after_script(conn: sqlite3.Connection, version: int) -> None:
+    if 0 < version < 15:
+        moved = [table for table in reversed(_REBUILT_FOR_15) if _exists(conn, f"{table}_before_15")]
+        for table in moved:  # parents first
+            columns = _REBUILT_FOR_15[table][1]
+            # sql-safe: identifiers from the fixed table _REBUILT_FOR_15
+            conn.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {table}_before_15")  # noqa: S608
+        for table in reversed(moved):  # children first
+            conn.execute(f"DROP TABLE {table}_before_15")  # sql-safe: fixed names above
     if 0 < version < 14 and _exists(conn, _UID_ASIDE):
         conn.execute("INSERT INTO visitor_identities (site_id, uid, visitor_id, linked_at)"
                      " SELECT site_id, uid, visitor_id, linked_at FROM visitor_identities_before_14")
@@ -74,7 +102,9 @@ def _exists(conn: sqlite3.Connection, table: str) -> bool:
 # nothing above needs a twin. A later version that changes an existing table adds its
 # PostgreSQL statements here; they run after schema_postgres.sql, in the same transaction,
 # when the database was older than that version.
-POSTGRES_STEPS: dict[int, tuple[str, ...]] = {}
+# Version 15 changed only the order SQLite declares traffic_day_dimensions' columns in;
+# PostgreSQL's quick check has no such flaw, so its tables stay as they are.
+POSTGRES_STEPS: dict[int, tuple[str, ...]] = {15: ()}
 
 
 def postgres_steps(found: int, steps: dict[int, tuple[str, ...]] | None = None) -> list[str]:

@@ -461,9 +461,9 @@ CREATE TABLE IF NOT EXISTS traffic_days (
 
 CREATE TABLE IF NOT EXISTS traffic_day_dimensions (
     site_id     BIGINT  NOT NULL REFERENCES sites (id),
-    day         BIGINT  NOT NULL,
     dimension   TEXT    NOT NULL CHECK (dimension IN ('channel', 'source', 'entry_page', 'page',
                                         'country', 'device', 'browser', 'os', 'event')),
+    day         BIGINT  NOT NULL,
     PRIMARY KEY (site_id, dimension, day)
 );
 
