@@ -253,7 +253,7 @@ def _split(units: list[Accepted]) -> tuple[list[Accepted], list[Accepted]] | Non
 
 
 def _sub_unit(unit: Accepted, events: list) -> Accepted:
-    return unit._replace(events=events, counted=counted_events(events))
+    return unit._replace(events=events, counted=counted_events(events, unit.anonymous))
 
 
 def _reason(exc: BaseException) -> str:

@@ -44,8 +44,11 @@ def seconds_until_next_month(now: float) -> int:
     return max(1, math.ceil(month_bounds(now)[2] - now))
 
 
-def counted_events(events: Iterable) -> int:
-    """How many of the events count toward the monthly quota: all but `$identify`."""
+def counted_events(events: Iterable, anonymous: bool = False) -> int:
+    """How many of the events count toward the monthly quota: all but a keyed `$identify`.
+    Every anonymous event counts (POST /api/v1/collect): its `$identify` too."""
+    if anonymous:
+        return sum(1 for _ in events)
     return sum(1 for event in events if event.name not in UNCOUNTED_EVENTS)
 
 
@@ -70,8 +73,9 @@ class QuotaGuard:
     """An account's events this month as this worker sees them."""
 
     def __init__(self, db: Database, clock: Callable[[], float], ttl: float = 1.0,
-                 max_entries: int = 10_000):
+                 max_entries: int = 10_000, keyed_reserve_percent: int = 0):
         self.db = db
+        self.keyed_reserve_percent = keyed_reserve_percent
         self.clock = clock
         self.ttl = ttl
         self._max = max_entries
@@ -85,9 +89,12 @@ class QuotaGuard:
         self._epoch = 0
         self._committing = False
 
-    def over_cap(self, key: UsageKey, plan: str) -> bool:
-        """Whether the account has used its plan's monthly cap (spec: 429 quota_exceeded)."""
-        return self.used(key) >= PLANS[plan].cap
+    def over_cap(self, key: UsageKey, plan: str, anonymous: bool = False) -> bool:
+        """Whether the account has used its plan's monthly cap (spec: 429 quota_exceeded);
+        for anonymous events, the cap less the reserve kept for keyed traffic."""
+        limit = (PLANS[plan].anonymous_limit(self.keyed_reserve_percent) if anonymous
+                 else PLANS[plan].cap)
+        return self.used(key) >= limit
 
     def used(self, key: UsageKey) -> int:
         now = self.clock()

@@ -34,8 +34,9 @@ INSERT_EVENTS = (
     "INSERT INTO events (site_id, ts, name, visitor_id, pathname, url, hostname, referrer,"
     " referrer_host, title, width, language, uid, props, country, browser, os, device,"
     " utm_source, utm_medium, utm_campaign, utm_term, utm_content, gclid, gbraid, wbraid,"
-    " msclkid, fbclid, session_id)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " msclkid, fbclid, anonymous, session_id)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+    " ?)"
 )
 
 
