@@ -205,12 +205,14 @@ CREATE TABLE IF NOT EXISTS visitor_salts (
 );
 
 -- Monthly usage (issue 5) --------------------------------------------------
--- Counted events (all but $identify and bots) per account and UTC month, incremented
--- in the flush transaction that stores them.
+-- Counted events (all but a keyed $identify, and bots) per account and UTC month,
+-- incremented in the flush transaction that stores them; `anonymous` of them came through
+-- POST /api/v1/collect (version 16; the quota keeps the keyed reserve with it).
 CREATE TABLE IF NOT EXISTS monthly_usage (
     account_id  INTEGER NOT NULL REFERENCES accounts (id),
     month       TEXT    NOT NULL CHECK (month GLOB '[0-9][0-9][0-9][0-9]-[01][0-9]'),
     events      INTEGER NOT NULL CHECK (events >= 0),
+    anonymous   INTEGER NOT NULL DEFAULT 0 CHECK (anonymous >= 0),
     PRIMARY KEY (account_id, month)
 ) WITHOUT ROWID;
 

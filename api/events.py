@@ -109,9 +109,10 @@ class EventsResource:
             usage_key = (site.account_id, month)
             unit = Accepted(site.id, site.account_id, month, utc_day(int(now * 1000)), kept,
                             counted, browser_id, anonymous, links_identity)
-            self.quota.hold(usage_key, counted)
+            anonymous_counted = counted if anonymous else 0
+            self.quota.hold(usage_key, counted, anonymous_counted)
             if not self.flusher.submit(unit):
-                self.quota.release(usage_key, counted)
+                self.quota.release(usage_key, counted, anonymous_counted)
                 metrics.events_refused("rate_limited", len(kept) + bots)
                 raise rate_limited()
         metrics.events_received(len(kept), bots)

@@ -62,6 +62,9 @@ class EventBatch:
     # without a verified identity hash): stored as events, never as identity links.
     unlinked: set[int] = field(default_factory=set)
     usage_totals: dict[tuple[int, str], int] = field(default_factory=dict)  # set by the write
+    # The anonymous share of `usage`, and of the totals after the write.
+    anonymous_usage: dict[tuple[int, str], int] = field(default_factory=dict)
+    anonymous_totals: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
 def country_of(ip_packed: bytes) -> str | None:
@@ -100,6 +103,7 @@ class Enricher:
     def build(self, conn: sqlite3.Connection, units: list[Unit]) -> EventBatch:
         rows: list[EventRow] = []
         usage: dict[tuple[int, str], int] = {}
+        anonymous_usage: dict[tuple[int, str], int] = {}
         wanted = []  # (row index, unit, event) that need yesterday's visitor id
         unlinked: set[int] = set()
         describe = self.agents.describe
@@ -138,7 +142,10 @@ class Enricher:
             if unit.counted:
                 key = (unit.account_id, unit.month)
                 usage[key] = usage.get(key, 0) + unit.counted
-        return EventBatch(rows, usage, wanted, units, unlinked)
+                if unit.anonymous:
+                    anonymous_usage[key] = anonymous_usage.get(key, 0) + unit.counted
+        return EventBatch(rows, usage, wanted, units, unlinked,
+                          anonymous_usage=anonymous_usage)
 
 
 def previous_visitor_ids(conn: sqlite3.Connection, batch: EventBatch) -> list[int | None]:

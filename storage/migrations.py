@@ -41,14 +41,20 @@ _REBUILT_FOR_15 = {  # table -> (indexes schema.sql makes again, columns)
 
 
 # Version 16: events.anonymous marks the events of POST /api/v1/collect (quota.usage:
-# their `$identify` counts). ADD COLUMN appends it, after session_id, as schema.sql has it.
-_EVENTS_ANONYMOUS = "ALTER TABLE events ADD COLUMN anonymous INTEGER CHECK (anonymous = 1)"
+# their `$identify` counts), and monthly_usage.anonymous counts them for the quota's keyed
+# reserve. ADD COLUMN appends each last, where schema.sql has them.
+_ADDED_IN_16 = {
+    "events": "ALTER TABLE events ADD COLUMN anonymous INTEGER CHECK (anonymous = 1)",
+    "monthly_usage": "ALTER TABLE monthly_usage ADD COLUMN anonymous INTEGER NOT NULL DEFAULT 0"
+                     " CHECK (anonymous >= 0)",
+}
 
 
 def before_script(conn: sqlite3.Connection, version: int) -> None:
-    if 0 < version < 16 and _exists(conn, "events") and not _has_column(conn, "events",
-                                                                         "anonymous"):
-        conn.execute(_EVENTS_ANONYMOUS)
+    if 0 < version < 16:
+        for table, statement in _ADDED_IN_16.items():
+            if _exists(conn, table) and not _has_column(conn, table, "anonymous"):
+                conn.execute(statement)
     if 0 < version < 9:
         for table, indexes in _REBUILT_FOR_9.items():
             if not _exists(conn, table):
@@ -119,7 +125,9 @@ def _exists(conn: sqlite3.Connection, table: str) -> bool:
 # PostgreSQL's quick check has no such flaw, so its tables stay as they are.
 POSTGRES_STEPS: dict[int, tuple[str, ...]] = {
     15: (),
-    16: ("ALTER TABLE events ADD COLUMN IF NOT EXISTS anonymous BIGINT CHECK (anonymous = 1)",),
+    16: ("ALTER TABLE events ADD COLUMN IF NOT EXISTS anonymous BIGINT CHECK (anonymous = 1)",
+         "ALTER TABLE monthly_usage ADD COLUMN IF NOT EXISTS anonymous BIGINT NOT NULL DEFAULT 0"
+         " CHECK (anonymous >= 0)"),
 }
 
 

@@ -212,7 +212,9 @@ def reference_write_batch(conn: sqlite3.Connection, batch) -> None:
     _assign_sessions(conn, rows, batch, EVENT_COLUMNS)
     conn.executemany(INSERT_EVENTS, rows)
     for (account_id, month), events in batch.usage.items():
-        total = conn.execute(ADD_USAGE, (account_id, month, events)).fetchone()[0]
+        total = conn.execute(ADD_USAGE, (account_id, month, events,
+                                         batch.anonymous_usage.get((account_id, month), 0))
+                             ).fetchone()[0]
         batch.usage_totals[(account_id, month)] = total
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
+from collections import Counter
 
 import orjson
 import pytest
@@ -19,20 +21,21 @@ from app import create_app
 from attribution.identity import identity_hash
 from quota.anonymous import AddressRate, IdentifyBudget
 from quota.plans import PLANS
-from quota.usage import seconds_until_next_month
+from quota.usage import month_of, seconds_until_next_month
 from tests.conftest import (
     FakeClock,
     bearer,
     cli_json,
     config_for,
     execute,
+    http,
     is_postgres,
     rows,
     run_cli,
 )
 from tests.test_events_http import FIREFOX
 from tests.test_http_foundation import assert_envelope
-from tests.test_quota import assert_quota_refusal, seed_usage
+from tests.test_quota import assert_quota_refusal
 
 ATTACKER = "198.51.100.66"
 VICTIM = "203.0.113.42"
@@ -118,6 +121,17 @@ def stored_identifies(db_path: str) -> list[str]:
 
 def month_usage(db_path: str) -> int:
     return sum(r["events"] for r in rows(db_path, "SELECT events FROM monthly_usage"))
+
+
+def anonymous_usage(db_path: str) -> int:
+    return sum(r["anonymous"] for r in rows(db_path, "SELECT anonymous FROM monthly_usage"))
+
+
+def seed_anonymous(db_path: str, account: str, events: int, anonymous: int) -> None:
+    """Counts as earlier traffic of other workers would have left them."""
+    execute(db_path, "INSERT INTO monthly_usage (account_id, month, events, anonymous)"
+                     " SELECT id, '2026-09', ?, ? FROM accounts WHERE public_id = ?",
+            (events, anonymous, account))
 
 
 # Verified identity (issue 26, part 3) ---------------------------------------------------
@@ -302,7 +316,7 @@ def test_an_anonymous_flood_cannot_spend_what_keyed_traffic_needs(service, db_pa
     free = PLANS["free"]
     limit = free.anonymous_limit(10)
     assert (limit, free.cap) == (10_000, 11_000)
-    seed_usage(db_path, site["account"], limit - 40)
+    seed_anonymous(db_path, site["account"], limit - 40, limit - 40)
     answers = []
     for n in range(1_100):  # a forged visitor id each
         answers.append(tally.collect(pageview(site, browser=f"{n:032x}")).status_int)
@@ -313,15 +327,23 @@ def test_an_anonymous_flood_cannot_spend_what_keyed_traffic_needs(service, db_pa
     keyed = {"s": site["id"], "e": "Signup", "u": "https://a.test/"}
     assert tally.events(site["key"], keyed).status_int == 204
     tally.flush()
-    assert month_usage(db_path) == limit + 1
+    assert (month_usage(db_path), anonymous_usage(db_path)) == (limit + 1, limit)
     tally.stop()
 
     # After a restart the stored count keeps anonymous traffic out, keyed traffic in...
     again = service(collect_rate=0)
     assert again.collect(pageview(site)).status_int == 429
     assert again.events(site["key"], keyed).status_int == 204
-    # ...up to the real cap, where keyed traffic gets the spec's answer.
-    execute(db_path, "UPDATE monthly_usage SET events = ?", (free.cap,))
+    # Workers that each saw the count late let anonymous events past their limit (by as
+    # much as a flush interval's traffic): those never count against keyed traffic...
+    execute(db_path, "UPDATE monthly_usage SET events = ?, anonymous = ?",
+            (limit + 3_000, limit + 2_500))
+    again.clock.advance(2)
+    assert again.events(site["key"], keyed).status_int == 204
+    assert again.collect(pageview(site)).status_int == 429
+    # ...which gets the spec's answer at the cap.
+    execute(db_path, "UPDATE monthly_usage SET events = ?, anonymous = ?",
+            (free.cap + 2_500, limit + 2_500))
     again.clock.advance(2)
     wait = seconds_until_next_month(again.clock())
     assert_quota_refusal(again.events(site["key"], keyed), wait)
@@ -331,7 +353,7 @@ def test_an_anonymous_flood_cannot_spend_what_keyed_traffic_needs(service, db_pa
 def test_the_reserve_is_a_setting(service, db_path):
     tally = service(collect_rate=0, keyed_reserve_percent=0)
     site = new_site(tally, "starter")
-    seed_usage(db_path, site["account"], PLANS["starter"].cap - 1)
+    seed_anonymous(db_path, site["account"], PLANS["starter"].cap - 1, PLANS["starter"].cap - 1)
     assert tally.collect(pageview(site)).status_int == 204
     assert PLANS["starter"].anonymous_limit(10) == 190_000
     assert PLANS["scale"].anonymous_limit(100) == PLANS["scale"].allowance
@@ -426,8 +448,9 @@ def test_a_version_15_database_gains_the_anonymous_column(service, db_path):
     tally.stop()
     # Back to what version 15 left: no column (its rows were all keyed or uncounted alike).
     execute(db_path, "DELETE FROM events WHERE anonymous = 1")
-    execute(db_path, "UPDATE monthly_usage SET events = 1")
+    execute(db_path, "UPDATE monthly_usage SET events = 1, anonymous = 0")
     execute(db_path, "ALTER TABLE events DROP COLUMN anonymous")
+    execute(db_path, "ALTER TABLE monthly_usage DROP COLUMN anonymous")
     if is_postgres(db_path):
         execute(db_path, "UPDATE tally_schema_version SET version = 15")
     else:
@@ -435,10 +458,66 @@ def test_a_version_15_database_gains_the_anonymous_column(service, db_path):
 
     assert cli_json("init", db=db_path)["schema_version"] == 16
     assert rows(db_path, "SELECT anonymous FROM events") == [{"anonymous": None}]
+    assert rows(db_path, "SELECT anonymous FROM monthly_usage") == [{"anonymous": 0}]
     again = service()
     assert again.collect(identify(site, "u1")).status_int == 204
     again.flush()
     assert rows(db_path, "SELECT name, anonymous FROM events ORDER BY id") == [
         {"name": "pageview", "anonymous": None}, {"name": "$identify", "anonymous": 1}]
-    assert month_usage(db_path) == 2
+    assert (month_usage(db_path), anonymous_usage(db_path)) == (2, 1)
     assert cli_json("check", db=db_path)["ok"]
+
+
+# Under gunicorn: several workers, the real clock ---------------------------------------
+
+@pytest.mark.slow
+def test_under_gunicorn_a_flood_stops_and_keyed_traffic_goes_on(db_path, server_factory):
+    account = cli_json("account", "create", "--name", "Flooded", "--plan", "free", db=db_path)
+    site = cli_json("site", "create", "--account", account["id"], "--host", "a.test",
+                    db=db_path)["id"]
+    key = cli_json("key", "create", "--site", site, "--scope", "events", db=db_path)["key"]
+    limit = PLANS["free"].anonymous_limit(10)
+    month = month_of(time.time())
+    execute(db_path, "INSERT INTO monthly_usage (account_id, month, events, anonymous)"
+                     " SELECT id, ?, ?, ? FROM accounts WHERE public_id = ?",
+            (month, limit - 100, limit - 100, account["id"]))
+    env = {"TALLY_FLUSH_INTERVAL": "0.2", "TALLY_COLLECT_BURST": "30",
+           "TALLY_COLLECT_RATE": "0.001"}
+    server = server_factory(db_path, workers=2, env=env)
+
+    def collect(n: int, forwarded: str | None):
+        body = orjson.dumps({"s": site, "e": "pageview", "u": "https://a.test/", "v": f"{n:032x}"})
+        headers = {"Content-Type": "text/plain", "User-Agent": FIREFOX}
+        if forwarded:
+            headers["X-Forwarded-For"] = forwarded
+        status, _, payload = http("POST", server.url + "/api/v1/collect", body, headers)
+        return f"{status} {orjson.loads(payload)['error']['code']}" if payload else str(status)
+
+    def keyed() -> int:
+        body = orjson.dumps({"s": site, "e": "Signup", "u": "https://a.test/"})
+        headers = {**bearer(key), "Content-Type": "application/json"}
+        return http("POST", server.url + "/api/v1/events", body, headers)[0]
+
+    # One address: at most a burst per worker gets through.
+    one = Counter(collect(n, None) for n in range(100))
+    assert one["429 too_many_requests"] >= 100 - 2 * 30 and one["204"] >= 30
+    # A new address each (behind the trusted loopback proxy): each worker stops once the
+    # anonymous limit is reached, counting what it holds, so at most 100 more each.
+    spread = Counter(collect(n, f"10.0.{n >> 8}.{n & 255}") for n in range(1000, 1400))
+    assert spread["429 quota_exceeded"] >= 400 - 2 * 100
+    assert keyed() == 204
+    time.sleep(0.2 + 1.0 + 0.5)  # every worker has seen the stored count (README's bound)
+    assert collect(5000, "10.9.9.9") == "429 quota_exceeded"
+    assert keyed() == 204
+    assert server.stop() == 0
+    stored = rows(db_path, "SELECT events, anonymous FROM monthly_usage")[0]
+    accepted = one["204"] + spread["204"]
+    assert stored == {"events": limit - 100 + accepted + 2, "anonymous": limit - 100 + accepted}
+    assert rows(db_path, "SELECT count(*) AS n FROM events WHERE anonymous = 1") == [
+        {"n": accepted}]
+
+    # Restarted on that data: anonymous events still refused, keyed ones still taken.
+    again = server_factory(db_path, workers=2, env=env)
+    server.url = again.url
+    assert collect(6000, "10.9.9.10") == "429 quota_exceeded"
+    assert keyed() == 204

@@ -401,6 +401,8 @@ CASES = [
     ("subscriptions", {"amount": "9.99"}, True),
     ("subscriptions", {"amount": "-9.99"}, False),
     ("events", {"anonymous": 1}, True),
+    ("monthly_usage", {"anonymous": 0}, True),
+    ("monthly_usage", {"anonymous": -1}, False),
     ("events", {"anonymous": 0}, False),
     ("events", {"name": ""}, False),
     ("events", {"name": "n" * 64}, True),
