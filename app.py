@@ -17,7 +17,7 @@ import falcon
 
 from api import errors, media
 from api.auth import Authenticator, key_scope
-from api.collect import CollectResource
+from api.collect import build_collect
 from api.events import build_events
 from api.metrics import MetricsResource, RequestMetrics
 from api.openapi import OpenApiDocument
@@ -94,7 +94,8 @@ class Tally:
         self.flusher = self.events.flusher
         self.services.append(self.flusher)
         self.wsgi.add_route("/api/v1/events", self.events)
-        self.wsgi.add_route("/api/v1/collect", CollectResource(self.events, config.trusted_proxies))
+        self.collect = build_collect(config, db, self.events)
+        self.wsgi.add_route("/api/v1/collect", self.collect)
         self.wsgi.add_route("/js/tally.js", TrackerScript())
         self.wsgi.add_route("/api/v1/payments", PaymentsResource(self.auth, PaymentStore(db, clock)))
         self.wsgi.add_route("/api/v1/payments/{payment_id}", PaymentRecord(self.auth, db))

@@ -10,6 +10,7 @@ import argparse
 import getpass
 import os
 import re
+import secrets
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from storage.backend import open_database
 from storage.check import run_checks
 from storage.db import Database, StorageError
 from storage.directory import Directory, InvalidArgument, NotFound
+from storage.identity_secrets import new_secret, replace_secret
 from storage.maintenance import (
     MaintenanceError,
     backup,
@@ -114,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--host", required=True, action="append", metavar="HOST")
     listing = site.add_parser("list", help="list sites")
     listing.add_argument("--account", metavar="ACCOUNT_ID")
+    identity = site.add_parser(
+        "identity-secret", help="make a new identity secret for verified identify; shown once")
+    identity.add_argument("--site", required=True, metavar="SITE_ID")
 
     key = commands.add_parser("key", help="API keys").add_subparsers(
         dest="action", required=True, metavar="ACTION")
@@ -433,6 +438,18 @@ def _site_create(args, ctx):
 def _site_list(args, ctx):
     sites = ctx.directory.list_sites(args.account)
     return {"sites": sites}, table(sites, ["id", "account", "hosts"])
+
+
+@command("site", "identity-secret")
+def _site_identity_secret(args, ctx):
+    site = ctx.directory.find_site(args.site)
+    if site is None:
+        raise NotFound(f"no site {args.site}")
+    secret = new_secret(secrets.token_bytes)
+    replaced = replace_secret(ctx.db, site.id, secret, int(ctx.clock() * 1000))
+    lines = [f"identity secret of {args.site}{' (the old one no longer verifies)' if replaced else ''}:",
+             secret, "", "Store it on your server now: it is shown only once."]
+    return {"site": args.site, "identity_secret": secret, "replaced": replaced}, lines
 
 
 @command("key", "create")

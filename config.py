@@ -39,6 +39,14 @@ class Config:
     log_format: str = "text"
     metrics_token: str | None = None
     retention_days: int | None = None
+    # POST /api/v1/collect per client address block (IPv4 address, IPv6 /64) and worker:
+    # requests a second, and at once (quota/anonymous.py). A rate of 0 turns it off.
+    collect_rate: float = 10.0
+    collect_burst: int = 200
+    # Percent of the plan's allowance, below the cap, that anonymous events cannot spend.
+    keyed_reserve_percent: int = 10
+    # Tuning, set in code: distinct user ids one visitor's browser may identify as a day.
+    identifies_per_visitor: int = 5
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -58,6 +66,12 @@ class Config:
             log_format=_choice(env, "TALLY_LOG_FORMAT", ("text", "json"), defaults.log_format),
             metrics_token=_metrics_token(env),
             retention_days=_positive_int(env, "TALLY_RETENTION_DAYS", None),
+            collect_rate=_rate(env, "TALLY_COLLECT_RATE", defaults.collect_rate),
+            collect_burst=_int_between(env, "TALLY_COLLECT_BURST", defaults.collect_burst,
+                                       (1, 1_000_000), "one request"),
+            keyed_reserve_percent=_int_between(env, "TALLY_KEYED_RESERVE",
+                                               defaults.keyed_reserve_percent, (0, 100),
+                                               "no reserve"),
         )
 
 
@@ -133,6 +147,19 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(f"{name} must be a number of seconds, not {raw!r}") from None
     if not 0 < value <= 3600:
         raise ConfigError(f"{name} must be between 0 and 3600 seconds, not {raw}")
+    return value
+
+
+def _rate(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of requests a second, not {raw!r}") from None
+    if not 0 <= value <= 1_000_000:
+        raise ConfigError(f"{name} must be between 0 (no limit) and 1000000, not {raw}")
     return value
 
 

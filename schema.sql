@@ -159,6 +159,8 @@ CREATE INDEX IF NOT EXISTS subscriptions_customer ON subscriptions (site_id, cus
 -- visitor_id: signed 64-bit keyed hash of (daily salt, site, ip, ua); NULL without ip
 -- or ua. The raw IP is never stored. session_id is filled by the attribution step of
 -- the flush (issue 6). One index: reports read a site's events over a time range.
+-- anonymous: 1 for an event of the public POST /api/v1/collect, whose `$identify` counts
+-- toward the monthly quota too; NULL for one sent with a key (version 16 added it).
 CREATE TABLE IF NOT EXISTS events (
     id            INTEGER PRIMARY KEY,
     site_id       INTEGER NOT NULL REFERENCES sites (id),
@@ -189,7 +191,8 @@ CREATE TABLE IF NOT EXISTS events (
     wbraid        TEXT,
     msclkid       TEXT,
     fbclid        TEXT,
-    session_id    INTEGER
+    session_id    INTEGER,
+    anonymous     INTEGER CHECK (anonymous = 1)
 );
 CREATE INDEX IF NOT EXISTS events_site_ts ON events (site_id, ts);
 
@@ -202,12 +205,14 @@ CREATE TABLE IF NOT EXISTS visitor_salts (
 );
 
 -- Monthly usage (issue 5) --------------------------------------------------
--- Counted events (all but $identify and bots) per account and UTC month, incremented
--- in the flush transaction that stores them.
+-- Counted events (all but a keyed $identify, and bots) per account and UTC month,
+-- incremented in the flush transaction that stores them; `anonymous` of them came through
+-- POST /api/v1/collect (version 16; the quota keeps the keyed reserve with it).
 CREATE TABLE IF NOT EXISTS monthly_usage (
     account_id  INTEGER NOT NULL REFERENCES accounts (id),
     month       TEXT    NOT NULL CHECK (month GLOB '[0-9][0-9][0-9][0-9]-[01][0-9]'),
     events      INTEGER NOT NULL CHECK (events >= 0),
+    anonymous   INTEGER NOT NULL DEFAULT 0 CHECK (anonymous >= 0),
     PRIMARY KEY (account_id, month)
 ) WITHOUT ROWID;
 
@@ -587,4 +592,32 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     event       TEXT    NOT NULL CHECK (json_valid(event))
 );
 
-PRAGMA user_version = 15;
+-- Anonymous traffic (issue 26) -----------------------------------------------------
+-- Version 16 added events.anonymous (storage/migrations.py) and these tables.
+-- A site's identity secret: the HMAC-SHA256 key under which the site's server signs a
+-- user id for the browser's `$identify`, so that it may link a customer. Tally computes
+-- the HMAC itself, so the key is kept as it is (like browser_id_key), shown once.
+CREATE TABLE IF NOT EXISTS site_identity_secrets (
+    site_id     INTEGER PRIMARY KEY REFERENCES sites (id),
+    secret      TEXT    NOT NULL CHECK (length(secret) BETWEEN 32 AND 128),
+    created_at  INTEGER NOT NULL
+);
+
+-- The installation's key for the sign-in form's CSRF token, an HMAC of the nonce in the
+-- form's cookie (dashboard/web.py); made on first use, never rotated.
+CREATE TABLE IF NOT EXISTS sign_in_key (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    key         BLOB    NOT NULL CHECK (length(key) = 32),
+    created_at  INTEGER NOT NULL
+);
+
+-- The client address blocks (IPv4 address, IPv6 /64) a user signed in from lately: the
+-- email-wide limit on failed sign-ins never refuses those (storage/users.py).
+CREATE TABLE IF NOT EXISTS sign_in_addresses (
+    user_id     INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+    address     TEXT    NOT NULL,
+    last_at     INTEGER NOT NULL,
+    PRIMARY KEY (user_id, address)
+) WITHOUT ROWID;
+
+PRAGMA user_version = 16;

@@ -12,8 +12,10 @@ HOUR_MS = 3_600_000
 
 # Event names with a meaning of their own; any other name is a custom event.
 PAGEVIEW = "pageview"
-IDENTIFY = "$identify"  # links a uid to the visitor; opens no session, counts toward no quota
-UNCOUNTED_EVENTS = (IDENTIFY,)  # names no monthly quota counts (quota.usage.counted_events)
+IDENTIFY = "$identify"  # links a uid to the visitor; opens no session
+# Names the monthly quota does not count when sent with a key (quota.usage.counted_events);
+# every event of the public POST /api/v1/collect counts.
+UNCOUNTED_EVENTS = (IDENTIFY,)
 
 # An event's `ts` is kept when it lies within [receipt - TS_PAST_MS, receipt + TS_FUTURE_MS]
 # (spec: Events, field ts); otherwise the receipt time replaces it.

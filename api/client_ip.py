@@ -51,3 +51,17 @@ def client_ip(peer: str, forwarded_for: str | None, trusted: tuple[Network, ...]
         if not _trusted(hop, trusted):
             break
     return str(address)
+
+
+def address_block(address: str) -> str:
+    """The block one client is counted as: an IPv4 address itself, an IPv6 address's /64.
+
+    One IPv6 subscriber is handed a whole /64 (often a /56 or /48), so counting single
+    IPv6 addresses would give each client 2**64 allowances."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if parsed.version == 4:
+        return str(parsed)
+    return str(ipaddress.IPv6Network((int(parsed) >> 64 << 64, 64)))

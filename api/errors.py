@@ -58,13 +58,20 @@ def rate_limited(message: str = "the ingest queue is full; retry after 2 seconds
     return ApiError(503, "rate_limited", message, {"Retry-After": "2"})
 
 
-def quota_exceeded(retry_after: int) -> ApiError:
+def quota_exceeded(retry_after: int, message: str | None = None) -> ApiError:
     return ApiError(
         429,
         "quota_exceeded",
-        "monthly event quota exceeded; it resets at the start of next month (UTC)",
+        message or "monthly event quota exceeded; it resets at the start of next month (UTC)",
         {"Retry-After": str(retry_after)},
     )
+
+
+def too_many_requests(retry_after: int) -> ApiError:
+    """A client address past its request rate (POST /api/v1/collect): not the quota."""
+    return ApiError(429, "too_many_requests",
+                    "too many requests from this address; retry after Retry-After seconds",
+                    {"Retry-After": str(retry_after)})
 
 
 def error_body(code: str, message: str) -> bytes:

@@ -28,6 +28,9 @@ from quota.usage import QuotaGuard, UtcMonths, counted_events, seconds_until_nex
 from validation.event import MAX_BODY_BYTES, InvalidEvent, parse_events
 
 MAX_SITE_ID_LENGTH = 64
+ANONYMOUS_QUOTA_MESSAGE = ("monthly event quota for anonymous events exceeded; the rest is kept"
+                           " for the site's keyed events; it resets at the start of next month"
+                           " (UTC)")
 
 
 class EventsResource:
@@ -68,10 +71,14 @@ class EventsResource:
             raise not_found(f"no site {site_id[:64]}")
         return site
 
-    def accept(self, site, events: list, body: dict, now: float,
-               browser_id: str | None = None) -> None:
-        """Hostnames, bots, quota and queue for events of `site`; raises the refusal."""
-        received_ms = int(now * 1000)
+    def accept(self, site, events: list, body: dict, now: float) -> None:
+        """Hostnames, bots, quota and queue for keyed events of `site`; raises the refusal."""
+        kept = self.admit(site, events, body, now)
+        self.enqueue(site, kept, len(events) - len(kept), now, counted_events(kept))
+
+    def admit(self, site, events: list, body: dict, now: float, anonymous: bool = False) -> list:
+        """The events to keep (bots dropped) once hostnames and quota allow them; raises
+        the refusal. Anonymous events stop short of the cap (quota.plans.anonymous_limit)."""
         # Hostnames (step 4) of every event are checked before any is dropped as a bot
         # (step 5): a refusal aborts the request, so one pass does both.
         hosts, is_bot = site.hosts, self.bots.is_bot
@@ -84,29 +91,38 @@ class EventsResource:
             if event.ua is not None and is_bot(event.ua):
                 continue
             kept.append(event)
-
-        month = self.months.name(now)
-        usage_key = (site.account_id, month)
+        usage_key = (site.account_id, self.months.name(now))
         if self.quota.over_cap(usage_key, site.plan):
             metrics.events_refused("quota_exceeded", len(events))
             raise quota_exceeded(seconds_until_next_month(now))
+        if anonymous and self.quota.over_cap(usage_key, site.plan, anonymous=True):
+            metrics.events_refused("quota_exceeded", len(events))
+            raise quota_exceeded(seconds_until_next_month(now), ANONYMOUS_QUOTA_MESSAGE)
+        return kept
 
+    def enqueue(self, site, kept: list, bots: int, now: float, counted: int,
+                browser_id: str | None = None, anonymous: bool = False,
+                links_identity: bool = True) -> None:
+        """Hold the counted events and queue the unit (503 when the queue is full)."""
         if kept:
-            counted = counted_events(kept)
-            unit = Accepted(site.id, site.account_id, month, utc_day(received_ms), kept, counted,
-                            browser_id)
-            self.quota.hold(usage_key, counted)
+            month = self.months.name(now)
+            usage_key = (site.account_id, month)
+            unit = Accepted(site.id, site.account_id, month, utc_day(int(now * 1000)), kept,
+                            counted, browser_id, anonymous, links_identity)
+            anonymous_counted = counted if anonymous else 0
+            self.quota.hold(usage_key, counted, anonymous_counted)
             if not self.flusher.submit(unit):
-                self.quota.release(usage_key, counted)
-                metrics.events_refused("rate_limited", len(events))
+                self.quota.release(usage_key, counted, anonymous_counted)
+                metrics.events_refused("rate_limited", len(kept) + bots)
                 raise rate_limited()
-        metrics.events_received(len(kept), len(events) - len(kept))
+        metrics.events_received(len(kept), bots)
 
 
 def build_events(config, db, auth: Authenticator, directory, clock: Callable[[], float],
                  random_bytes: Callable[[int], bytes]) -> EventsResource:
     """The resource with its queue, flush thread (`.flusher`, not started) and quota guard."""
-    quota = QuotaGuard(db, clock, ttl=config.cache_ttl, max_entries=config.cache_entries)
+    quota = QuotaGuard(db, clock, ttl=config.cache_ttl, max_entries=config.cache_entries,
+                       keyed_reserve_percent=config.keyed_reserve_percent)
     enricher = Enricher(db, clock, random_bytes, config.cache_entries)
     browser_visitors = BrowserVisitors(BrowserIds(db, clock, random_bytes))
     flusher = Flusher(db, EventQueue(config.queue_max), enricher,

@@ -9,7 +9,7 @@ back) together.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import partial
 from operator import itemgetter
 
@@ -32,8 +32,12 @@ _writer = SessionWriter()
 
 
 def assign_sessions(conn: sqlite3.Connection, rows: Sequence[EventRow],
-                    previous_visitor_ids: Sequence[int | None]) -> list[int | None]:
-    """The session id of each row (None for `$identify` and rows without a visitor)."""
+                    previous_visitor_ids: Sequence[int | None],
+                    unlinked: Collection[int] = ()) -> list[int | None]:
+    """The session id of each row (None for `$identify` and rows without a visitor).
+
+    unlinked: indexes of `$identify` rows whose uid links nothing (an anonymous identify
+    no identity hash verified): the row is stored, the link is not."""
     if not rows:
         return []
     hits = []
@@ -42,4 +46,6 @@ def assign_sessions(conn: sqlite3.Connection, rows: Sequence[EventRow],
         if any(_clicks(row)):
             click_ids = tuple(key for key, index in _click_columns if row[index])
         hits.append(_hit((*_head(row), _utm(row), click_ids, row[_UID], previous_visitor)))
+    for index in unlinked:
+        hits[index] = hits[index]._replace(uid=None)
     return _writer.record(conn, hits)

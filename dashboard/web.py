@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import secrets
 import urllib.parse
 from collections.abc import Callable
@@ -14,7 +15,7 @@ import falcon
 import orjson
 
 from api.bodies import read_limited
-from api.client_ip import client_ip
+from api.client_ip import address_block, client_ip
 from dashboard import filters as filter_text
 from dashboard import passwords
 from dashboard.figures import Reports, dashboard_figures, primary_currency
@@ -33,8 +34,16 @@ from vocabulary import SCOPES
 SESSION_COOKIE = "tally_session"
 LOGIN_CSRF_COOKIE = "tally_login_csrf"
 SESSION_SECONDS = 14 * 86_400
+# Failed sign-ins within the window that refuse further tries: for one email from one
+# client address block (IPv4 address, IPv6 /64); from one block for any emails; and, a
+# gentler limit, for one email from anywhere, which never refuses the blocks the user
+# signed in from within KNOWN_ADDRESS_DAYS. So no attacker's address locks the owner out.
 FAILED_LOGIN_LIMIT = 10
+FAILED_LOGIN_ADDRESS_LIMIT = 30
+FAILED_LOGIN_EMAIL_LIMIT = 100
 FAILED_LOGIN_WINDOW_MS = 15 * 60 * 1000
+KNOWN_ADDRESS_DAYS = 90
+LOGIN_CSRF_SECONDS = 3600
 FORM_LIMIT = 16 * 1024
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
@@ -174,15 +183,31 @@ class Dashboard:
         self._login_page(resp, req.get_param("next") or "", "", None, 200)
 
     def _login_page(self, resp, next_path: str, email: str, error: str | None, status: int):
-        token = _token(self.random_bytes)
-        self._cookie(resp, LOGIN_CSRF_COOKIE, token, 3600)
-        _html(resp, render("login.html", csrf=token, next=next_path, email=email, error=error),
-              status)
+        nonce = f"{int(self.clock())}.{_token(self.random_bytes)}"
+        self._cookie(resp, LOGIN_CSRF_COOKIE, nonce, LOGIN_CSRF_SECONDS)
+        _html(resp, render("login.html", csrf=self._login_csrf(nonce), next=next_path,
+                           email=email, error=error), status)
+
+    def _login_csrf(self, nonce: str) -> str:
+        """The sign-in form's token: an HMAC of its cookie's nonce under the installation's
+        key, so no one who can only write cookies can make a pair that passes."""
+        mac = hmac.new(self.users.sign_in_key(), b"sign-in\0" + nonce.encode("utf-8"),
+                       hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(mac).decode("ascii").rstrip("=")
+
+    def _login_csrf_ok(self, req, form) -> bool:
+        nonce = req.cookies.get(LOGIN_CSRF_COOKIE)
+        if not nonce or len(nonce) > 100:
+            return False
+        issued, _, _ = nonce.partition(".")
+        if not issued.isdigit() or not 0 <= self.clock() - int(issued) <= LOGIN_CSRF_SECONDS:
+            return False
+        return self._csrf_ok(form, self._login_csrf(nonce))
 
     def on_post_login(self, req, resp):
         form = self._form(req)
         next_path = self._field(form, "next")
-        if not self._csrf_ok(form, req.cookies.get(LOGIN_CSRF_COOKIE)):
+        if not self._login_csrf_ok(req, form):
             return self._refuse_csrf(resp)
         typed = self._field(form, "email").strip()
         password = self._field(form, "password")
@@ -190,20 +215,19 @@ class Dashboard:
             email = normalize_email(typed)
         except InvalidArgument:
             email = typed.lower()[:254]
-        address = client_ip(req.remote_addr, req.get_header("X-Forwarded-For"),
-                            self.trusted_proxies) or "unknown"
+        ip = client_ip(req.remote_addr, req.get_header("X-Forwarded-For"), self.trusted_proxies)
+        address = address_block(ip) if ip is not None else "unknown"
         now_ms = int(self.clock() * 1000)
-        by_email, by_ip, first = self.users.failures_since(
-            email, address, now_ms - FAILED_LOGIN_WINDOW_MS)
-        if by_email >= FAILED_LOGIN_LIMIT or by_ip >= FAILED_LOGIN_LIMIT:
-            wait_s = max(1, (first + FAILED_LOGIN_WINDOW_MS - now_ms + 999) // 1000)
+        user = self.users.find_user(email) if "@" in email else None
+        wait_ms = self._locked_for(email, address, user, now_ms)
+        if wait_ms:
+            wait_s = max(1, (wait_ms + 999) // 1000)
             resp.set_header("Retry-After", str(wait_s))
             minutes = max(1, (wait_s + 59) // 60)
             return self._login_page(
                 resp, next_path, typed,
                 f"Too many failed sign-ins for this email or from this address. "
                 f"Try again in {minutes} minute{'s' if minutes != 1 else ''}.", 429)
-        user = self.users.find_user(email) if "@" in email else None
         if user is None:
             passwords.spend_like_verify(password)
             ok = False
@@ -212,7 +236,8 @@ class Dashboard:
         if not ok:
             self.users.record_failure(email, address)
             return self._login_page(resp, next_path, typed, "Wrong email or password.", 401)
-        self.users.clear_failures(email)
+        self.users.clear_failures(email, address)
+        self.users.remember_address(user.id, address, now_ms - KNOWN_ADDRESS_DAYS * 86_400_000)
         if passwords.needs_rehash(user.password_hash):
             self.users.replace_hash(user.id, user.password_hash, passwords.HASHER.hash(password))
         token = _token(self.random_bytes)
@@ -221,6 +246,20 @@ class Dashboard:
         self._cookie(resp, SESSION_COOKIE, token, SESSION_SECONDS)
         resp.unset_cookie(LOGIN_CSRF_COOKIE, path="/")
         _redirect(resp, _local_path(next_path))
+
+    def _locked_for(self, email: str, address: str, user, now_ms: int) -> int:
+        """Milliseconds until this email may be tried from this address again; 0: now."""
+        since = now_ms - FAILED_LOGIN_WINDOW_MS
+        failures = self.users.failures_since(email, address, since)
+        limits = [(failures.pair, FAILED_LOGIN_LIMIT),
+                  (failures.address, FAILED_LOGIN_ADDRESS_LIMIT)]
+        if failures.email[0] >= FAILED_LOGIN_EMAIL_LIMIT and not (
+                user is not None and self.users.known_address(
+                    user.id, address, now_ms - KNOWN_ADDRESS_DAYS * 86_400_000)):
+            limits.append((failures.email, FAILED_LOGIN_EMAIL_LIMIT))
+        waits = [first + FAILED_LOGIN_WINDOW_MS - now_ms
+                 for (count, first), limit in limits if count >= limit and first is not None]
+        return max(waits, default=0)
 
     def on_post_logout(self, req, resp):
         user = self._session(req)

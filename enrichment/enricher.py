@@ -44,6 +44,8 @@ class Unit(Protocol):
     day: int
     events: Sequence[CleanEvent]
     counted: int
+    anonymous: bool
+    links_identity: bool
 
 
 @dataclass
@@ -56,7 +58,13 @@ class EventBatch:
     # day before their receipt day
     reaching_back: list[tuple[int, Unit, CleanEvent]] = field(default_factory=list)
     units: list = field(default_factory=list)  # the units, in memory only
+    # Indexes of the `$identify` rows whose uid must link no visitor (an anonymous identify
+    # without a verified identity hash): stored as events, never as identity links.
+    unlinked: set[int] = field(default_factory=set)
     usage_totals: dict[tuple[int, str], int] = field(default_factory=dict)  # set by the write
+    # The anonymous share of `usage`, and of the totals after the write.
+    anonymous_usage: dict[tuple[int, str], int] = field(default_factory=dict)
+    anonymous_totals: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
 def country_of(ip_packed: bytes) -> str | None:
@@ -95,13 +103,17 @@ class Enricher:
     def build(self, conn: sqlite3.Connection, units: list[Unit]) -> EventBatch:
         rows: list[EventRow] = []
         usage: dict[tuple[int, str], int] = {}
+        anonymous_usage: dict[tuple[int, str], int] = {}
         wanted = []  # (row index, unit, event) that need yesterday's visitor id
+        unlinked: set[int] = set()
         describe = self.agents.describe
         campaigns, referrer_hosts = self._campaigns, self._referrer_hosts
         for unit in units:
             site_id, day = unit.site_id, unit.day
             reach = day * DAY_MS + PREVIOUS_DAY_REACH_MS
             hasher = None
+            anonymous = 1 if unit.anonymous else None
+            links_identity = unit.links_identity
             for event in unit.events:
                 ua, ip_packed = event.ua, event.ip_packed
                 if ua is None:
@@ -117,18 +129,23 @@ class Enricher:
                     if event.ts <= reach or event.name == IDENTIFY:
                         wanted.append((len(rows), unit, event))
                 country = country_of(ip_packed) if ip_packed is not None else None
+                if not links_identity and event.name == IDENTIFY:
+                    unlinked.add(len(rows))
                 referrer = event.referrer
                 url = event.url
                 rows.append(new_event_row((  # EventRow's fields, in order
                     site_id, event.ts, event.name, visitor, pathname(url, event.authority_end),
                     url, event.host, referrer, referrer and referrer_hosts[referrer],
                     event.title, event.width, event.language, event.uid, event.props, country,
-                    browser, os_family, device, *campaigns[url],
+                    browser, os_family, device, *campaigns[url], anonymous,
                 )))
             if unit.counted:
                 key = (unit.account_id, unit.month)
                 usage[key] = usage.get(key, 0) + unit.counted
-        return EventBatch(rows, usage, wanted, units)
+                if unit.anonymous:
+                    anonymous_usage[key] = anonymous_usage.get(key, 0) + unit.counted
+        return EventBatch(rows, usage, wanted, units, unlinked,
+                          anonymous_usage=anonymous_usage)
 
 
 def previous_visitor_ids(conn: sqlite3.Connection, batch: EventBatch) -> list[int | None]:

@@ -209,7 +209,8 @@ class Flusher:
                                   int(self.clock() * 1000))
         log.error("set aside an event of site %d that cannot be stored: %s", unit.site_id, reason)
         if self.quota is not None and unit.counted:
-            self.quota.release((unit.account_id, unit.month), unit.counted)
+            self.quota.release((unit.account_id, unit.month), unit.counted,
+                               unit.counted if unit.anonymous else 0)
 
     def _commit(self, conn: sqlite3.Connection, batch: EventBatch) -> None:
         quota = self.quota
@@ -220,11 +221,13 @@ class Flusher:
                 self.write(conn, batch)
         except BaseException:
             batch.usage_totals.clear()
+            batch.anonymous_totals.clear()
             if quota is not None:
                 quota.end_commit()
             raise
         if quota is not None:
-            quota.end_commit(batch.usage, batch.usage_totals)
+            quota.end_commit(batch.usage, batch.usage_totals, batch.anonymous_usage,
+                             batch.anonymous_totals)
 
     def _connection(self) -> sqlite3.Connection:
         # A PostgreSQL connection the server dropped is closed; a new one is made.
@@ -253,7 +256,7 @@ def _split(units: list[Accepted]) -> tuple[list[Accepted], list[Accepted]] | Non
 
 
 def _sub_unit(unit: Accepted, events: list) -> Accepted:
-    return unit._replace(events=events, counted=counted_events(events))
+    return unit._replace(events=events, counted=counted_events(events, unit.anonymous))
 
 
 def _reason(exc: BaseException) -> str:

@@ -44,9 +44,12 @@ def write_batch(conn: sqlite3.Connection, batch: EventBatch,
         if browser_visitors is not None:
             browser_visitors.apply(conn, batch)  # before sessions: they follow visitors
         previous = previous_visitor_ids(conn, batch)
-        session_ids = assign_sessions(conn, batch.rows, previous)
+        session_ids = assign_sessions(conn, batch.rows, previous, batch.unlinked)
         insert_events(conn, batch.rows, session_ids)
-        batch.usage_totals.update(add_usage(conn, batch.usage))
+        for key, (total, anonymous) in add_usage(conn, batch.usage,
+                                                 batch.anonymous_usage).items():
+            batch.usage_totals[key] = total
+            batch.anonymous_totals[key] = anonymous
 
 
 @contextmanager

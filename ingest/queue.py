@@ -25,6 +25,10 @@ class Accepted(NamedTuple):
     counted: int  # events that count toward the monthly quota
     # The tally_vid id the browser sent (POST /api/v1/collect), None from the events API.
     browser_id: str | None = None
+    anonymous: bool = False  # from POST /api/v1/collect: no key vouches for it
+    # Whether a `$identify` of the unit may link its uid to the visitor: a keyed one, or
+    # an anonymous one whose identity hash the site's secret verified.
+    links_identity: bool = True
 
 
 class EventQueue:

@@ -18,8 +18,10 @@ LOCAL = CollectorRegistry(auto_describe=True)
 REQUESTS = Counter("tally_http_requests", "HTTP requests answered, by route template, method and status.",
                    ["route", "method", "status"], registry=LOCAL)
 EVENTS = Counter("tally_events", "Events by outcome: accepted (queued), bot (dropped), refused with "
-                 "quota_exceeded (429) or rate_limited (503), stored (committed by a flush), "
-                 "dead_lettered (set aside by a flush that could not store them).",
+                 "quota_exceeded (429), too_many_requests (429, one address's rate on collect) "
+                 "or rate_limited (503), identify_dropped (a browser $identify past its bound "
+                 "per visitor and day), stored (committed by a flush), dead_lettered (set "
+                 "aside by a flush that could not store them).",
                  ["outcome"], registry=LOCAL)
 QUEUE_DEPTH = Gauge("tally_event_queue_depth", "Events waiting in the workers' queues at their last flush.",
                     multiprocess_mode="livesum", registry=LOCAL)
@@ -45,8 +47,12 @@ def events_received(accepted: int, bots: int) -> None:
 
 
 def events_refused(code: str, count: int) -> None:
-    """code: quota_exceeded (429) or rate_limited (503)."""
+    """code: quota_exceeded or too_many_requests (429), rate_limited (503)."""
     EVENTS.labels(code).inc(count)
+
+
+def identify_dropped() -> None:
+    EVENTS.labels("identify_dropped").inc()
 
 
 def events_flushed(count: int, seconds: float) -> None:

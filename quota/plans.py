@@ -13,6 +13,12 @@ class Plan:
     allowance: int
     cap: int
 
+    def anonymous_limit(self, keyed_reserve_percent: int) -> int:
+        """The monthly count past which anonymous events (POST /api/v1/collect) are refused:
+        the cap minus a reserve of `keyed_reserve_percent` of the allowance, which only
+        keyed traffic (POST /api/v1/events) can spend."""
+        return self.cap - self.allowance * keyed_reserve_percent // 100
+
 
 PLANS: dict[str, Plan] = {
     "free": Plan("free", 10_000, 11_000),

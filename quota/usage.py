@@ -44,8 +44,11 @@ def seconds_until_next_month(now: float) -> int:
     return max(1, math.ceil(month_bounds(now)[2] - now))
 
 
-def counted_events(events: Iterable) -> int:
-    """How many of the events count toward the monthly quota: all but `$identify`."""
+def counted_events(events: Iterable, anonymous: bool = False) -> int:
+    """How many of the events count toward the monthly quota: all but a keyed `$identify`.
+    Every anonymous event counts (POST /api/v1/collect): its `$identify` too."""
+    if anonymous:
+        return sum(1 for _ in events)
     return sum(1 for event in events if event.name not in UNCOUNTED_EVENTS)
 
 
@@ -67,59 +70,84 @@ COMMIT_WAIT = 0.25
 
 
 class QuotaGuard:
-    """An account's events this month as this worker sees them."""
+    """An account's events this month as this worker sees them, and the anonymous ones."""
 
     def __init__(self, db: Database, clock: Callable[[], float], ttl: float = 1.0,
-                 max_entries: int = 10_000):
+                 max_entries: int = 10_000, keyed_reserve_percent: int = 0):
         self.db = db
         self.clock = clock
         self.ttl = ttl
+        self.keyed_reserve_percent = keyed_reserve_percent
         self._max = max_entries
         self._lock = threading.Lock()
         self._commit_ended = threading.Condition(self._lock)
-        self._shared: dict[UsageKey, tuple[float, int]] = {}  # key -> (expires at, count)
+        # key -> (expires at, count, anonymous count)
+        self._shared: dict[UsageKey, tuple[float, int, int]] = {}
         self._unstored: dict[UsageKey, int] = {}
+        self._unstored_anonymous: dict[UsageKey, int] = {}
         # Bumped when a flush transaction starts and when it ends: a count read from the
         # table while a flush of this worker commits could include events that are
         # still in _unstored, so such a read is not kept.
         self._epoch = 0
         self._committing = False
 
-    def over_cap(self, key: UsageKey, plan: str) -> bool:
-        """Whether the account has used its plan's monthly cap (spec: 429 quota_exceeded)."""
-        return self.used(key) >= PLANS[plan].cap
+    def over_cap(self, key: UsageKey, plan: str, anonymous: bool = False) -> bool:
+        """Whether the account has used its plan's monthly cap (spec: 429 quota_exceeded).
+
+        Anonymous events beyond their limit (the cap less the keyed reserve, which requests
+        of several workers can pass by a flush interval's traffic) do not count against
+        keyed traffic, so it always keeps the reserve. Anonymous events themselves also stop
+        at that limit (`anonymous`)."""
+        total, anonymous_count = self.usage(key)
+        limit = PLANS[plan].anonymous_limit(self.keyed_reserve_percent)
+        if total - max(0, anonymous_count - limit) >= PLANS[plan].cap:
+            return True
+        return anonymous and anonymous_count >= limit
 
     def used(self, key: UsageKey) -> int:
+        return self.usage(key)[0]
+
+    def usage(self, key: UsageKey) -> tuple[int, int]:
+        """(counted events, anonymous ones) of the key: stored, plus held by this worker."""
         now = self.clock()
         with self._lock:
             entry = self._shared.get(key)
             if entry is not None and entry[0] > now:
-                return entry[1] + self._unstored.get(key, 0)
+                return self._with_unstored(key, entry)
             # A read during this worker's own commit could not be kept, and would leave a
             # stale count in use: wait (briefly) for the commit to end, then read.
             self._commit_ended.wait_for(lambda: not self._committing, COMMIT_WAIT)
             epoch, committing = self._epoch, self._committing
-        count = read_usage(self.db.conn(), *key)
+        count, anonymous = read_usage(self.db.conn(), *key)
         with self._lock:
             clean = not committing and self._epoch == epoch
             if clean or entry is None:
                 # A first read that raced a commit is used once and read again next time.
                 if len(self._shared) >= self._max:
                     self._shared.clear()
-                self._shared[key] = (now + self.ttl if clean else now, count)
-            return self._shared[key][1] + self._unstored.get(key, 0)
+                self._shared[key] = (now + self.ttl if clean else now, count, anonymous)
+            return self._with_unstored(key, self._shared[key])
+
+    def _with_unstored(self, key: UsageKey, entry: tuple[float, int, int]) -> tuple[int, int]:
+        return (entry[1] + self._unstored.get(key, 0),
+                entry[2] + self._unstored_anonymous.get(key, 0))
 
     # The flow of counted events: held by a request, then stored by the flush. --------
-    def hold(self, key: UsageKey, events: int) -> None:
+    def hold(self, key: UsageKey, events: int, anonymous: int = 0) -> None:
+        """`events` counted events held, `anonymous` of them anonymous."""
         if events:
             with self._lock:
                 self._unstored[key] = self._unstored.get(key, 0) + events
+                if anonymous:
+                    self._unstored_anonymous[key] = (self._unstored_anonymous.get(key, 0)
+                                                     + anonymous)
 
-    def release(self, key: UsageKey, events: int) -> None:
+    def release(self, key: UsageKey, events: int, anonymous: int = 0) -> None:
         """Held events that did not go on the queue after all."""
         if events:
             with self._lock:
-                self._forget(key, events)
+                _forget(self._unstored, key, events)
+                _forget(self._unstored_anonymous, key, anonymous)
 
     def begin_commit(self) -> None:
         with self._lock:
@@ -127,25 +155,34 @@ class QuotaGuard:
             self._epoch += 1
 
     def end_commit(self, stored: dict[UsageKey, int] | None = None,
-                   totals: dict[UsageKey, int] | None = None) -> None:
-        """After a flush transaction: `stored` counted events are now in `totals` (the
-        table's counts after the commit); both None when the transaction failed."""
+                   totals: dict[UsageKey, int] | None = None,
+                   stored_anonymous: dict[UsageKey, int] | None = None,
+                   anonymous_totals: dict[UsageKey, int] | None = None) -> None:
+        """After a flush transaction: `stored` counted events (`stored_anonymous` of them
+        anonymous) are now in `totals` and `anonymous_totals` (the table's counts after the
+        commit); all None when the transaction failed."""
         now = self.clock()
+        anonymous_totals = anonymous_totals or {}
         with self._lock:
             for key, events in (stored or {}).items():
-                self._forget(key, events)
+                _forget(self._unstored, key, events)
+            for key, events in (stored_anonymous or {}).items():
+                _forget(self._unstored_anonymous, key, events)
             for key, total in (totals or {}).items():
-                self._shared[key] = (now + self.ttl, total)
+                self._shared[key] = (now + self.ttl, total, anonymous_totals.get(key, 0))
             self._committing = False
             self._epoch += 1
             self._commit_ended.notify_all()
 
-    def _forget(self, key: UsageKey, events: int) -> None:
-        left = self._unstored.get(key, 0) - events
-        if left > 0:
-            self._unstored[key] = left
-        else:
-            self._unstored.pop(key, None)
+
+def _forget(counts: dict[UsageKey, int], key: UsageKey, events: int) -> None:
+    if not events:
+        return
+    left = counts.get(key, 0) - events
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def account_usage(db: Database, account_public_id: str, month: str) -> dict:

@@ -2,19 +2,25 @@
 
 A text cell that comes from user data and starts with `=`, `+`, `-`, `@` (or a tab or
 carriage return) gets a leading `'`, so a spreadsheet shows it instead of running it as a
-formula. Numbers are written as they are (a negative net stays -20.00).
+formula. What a spreadsheet may skip or fold is judged as it would be (OWASP, CSV
+injection): each leading character is normalised (NFKC: a full-width `＝` is `=`), and
+blanks, control and format characters before the first other one (a NUL, a byte-order
+mark, a zero-width space) are passed over. The cell itself is written unchanged but for
+the `'`. Numbers are written as they are (a negative net stays -20.00).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import unicodedata
 from collections.abc import Iterable, MutableMapping, Sequence
 from decimal import Decimal
 
 from reports.params import InvalidReportParameter
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_SKIPPED_CATEGORIES = ("Cc", "Cf")  # controls (NUL, ...) and format characters (BOM, ZWSP)
 CSV_REPORTS = ("breakdown", "revenue", "timeseries")
 TRAFFIC = ("visitors", "pageviews", "sessions", "events", "bounce_rate", "avg_session_seconds")
 GOAL = ("conversions", "conversion_rate", "goal_events")
@@ -33,7 +39,21 @@ def cell(value) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     text = str(value)
-    return "'" + text if text.startswith(FORMULA_STARTS) else text
+    return "'" + text if looks_like_formula(text) else text
+
+
+def looks_like_formula(text: str) -> bool:
+    """Whether a spreadsheet could read the text as a formula (see the module's doc)."""
+    if text.startswith(FORMULA_STARTS):
+        return True
+    for char in text:
+        if char.isascii() and char.isalnum():
+            return False
+        for folded in unicodedata.normalize("NFKC", char):
+            if folded.isspace() or unicodedata.category(folded) in _SKIPPED_CATEGORIES:
+                continue
+            return folded in "=+-@"
+    return False
 
 
 def write(header: Sequence[str], rows: Iterable[Sequence]) -> str:

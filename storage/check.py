@@ -15,11 +15,12 @@ from storage import deadletters
 from storage.dialect import counted_by_month, dialect
 
 # Counted events per account and UTC month of ts, with the boundary events that may
-# have been received (so counted) in the month before or after.
+# have been received (so counted) in the month before or after. Every anonymous event
+# counts; a keyed one unless its name is uncounted.
 EVENTS_BY_MONTH = {name: f"""
 SELECT s.account_id, {counted_by_month(name)}
   FROM events e JOIN sites s ON s.id = e.site_id
- WHERE e.name NOT IN (SELECT value FROM json_each(?))
+ WHERE (e.name NOT IN (SELECT value FROM json_each(?)) OR e.anonymous = 1)
  GROUP BY s.account_id, month
 """ for name in ("sqlite", "postgres")}  # noqa: S608 - fixed fragments by dialect
 USAGE = "SELECT account_id, month, events FROM monthly_usage"
@@ -111,7 +112,8 @@ def run_checks(conn: sqlite3.Connection, usage_mismatches: UsageCheck) -> CheckR
 def events_by_month(conn: sqlite3.Connection, uncounted: Iterable[str], early_ms: int,
                     late_ms: int) -> Iterator[tuple[int, str, int, int, int]]:
     """(account id, "YYYY-MM" of ts, events, those within early_ms after the month's start,
-    those within late_ms before its end) over the events whose name is not uncounted."""
+    those within late_ms before its end) over the counted events: the anonymous ones, and
+    the keyed ones whose name is not uncounted."""
     return conn.execute(EVENTS_BY_MONTH[dialect(conn)],
                         (early_ms, late_ms, orjson.dumps(list(uncounted)).decode()))
 

@@ -17,7 +17,7 @@ from storage.sparse import SparseInsert
 
 
 class EventRow(NamedTuple):
-    """One row of the events table, in its column order, before its session is known."""
+    """One row of the events table before its session is known."""
 
     site_id: int
     ts: int  # unix ms
@@ -48,6 +48,9 @@ class EventRow(NamedTuple):
     wbraid: str | None
     msclkid: str | None
     fbclid: str | None
+    # 1 for an event of POST /api/v1/collect, None for a keyed one. The table keeps it
+    # after session_id (version 16 added it): INSERT names the columns, so order is free.
+    anonymous: int | None
 
 
 # EventRow(*values) runs NamedTuple's generated __new__ in Python; the enrich step makes a

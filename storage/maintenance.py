@@ -169,7 +169,7 @@ _RECORD_DELETED = {name: f"""
 INSERT INTO deleted_events (account_id, month, events, early, late)
 SELECT s.account_id, {counted_by_month(name)}
   FROM events e JOIN sites s ON s.id = e.site_id
- WHERE e.id IN (SELECT value FROM json_each(?)) AND e.name <> ?
+ WHERE e.id IN (SELECT value FROM json_each(?)) AND (e.name <> ? OR e.anonymous = 1)
  GROUP BY s.account_id, month
  ON CONFLICT (account_id, month) DO UPDATE SET events = deleted_events.events + excluded.events,
     early = deleted_events.early + excluded.early, late = deleted_events.late + excluded.late

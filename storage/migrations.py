@@ -7,7 +7,7 @@ Version 9: subscription_observations.payment_id and subscriptions.payment_id bec
 optional (a subscription state known without a payment) and observations gained
 event_id. The old tables are renamed aside with their indexes dropped, schema.sql
 creates the new ones, and the rows are copied over. Versions 14 and 15 move tables the
-same way (below).
+same way; version 16 adds a column (below).
 """
 
 from __future__ import annotations
@@ -40,7 +40,21 @@ _REBUILT_FOR_15 = {  # table -> (indexes schema.sql makes again, columns)
 }
 
 
+# Version 16: events.anonymous marks the events of POST /api/v1/collect (quota.usage:
+# their `$identify` counts), and monthly_usage.anonymous counts them for the quota's keyed
+# reserve. ADD COLUMN appends each last, where schema.sql has them.
+_ADDED_IN_16 = {
+    "events": "ALTER TABLE events ADD COLUMN anonymous INTEGER CHECK (anonymous = 1)",
+    "monthly_usage": "ALTER TABLE monthly_usage ADD COLUMN anonymous INTEGER NOT NULL DEFAULT 0"
+                     " CHECK (anonymous >= 0)",
+}
+
+
 def before_script(conn: sqlite3.Connection, version: int) -> None:
+    if 0 < version < 16:
+        for table, statement in _ADDED_IN_16.items():
+            if _exists(conn, table) and not _has_column(conn, table, "anonymous"):
+                conn.execute(statement)
     if 0 < version < 9:
         for table, indexes in _REBUILT_FOR_9.items():
             if not _exists(conn, table):
@@ -93,6 +107,11 @@ def after_script(conn: sqlite3.Connection, version: int) -> None:
         conn.execute(f"DROP TABLE {aside}")  # sql-safe: fixed name
 
 
+def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
+    return conn.execute("SELECT 1 FROM pragma_table_info(?) WHERE name = ?",
+                        (table, column)).fetchone() is not None
+
+
 def _exists(conn: sqlite3.Connection, table: str) -> bool:
     return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                         (table,)).fetchone() is not None
@@ -104,11 +123,18 @@ def _exists(conn: sqlite3.Connection, table: str) -> bool:
 # when the database was older than that version.
 # Version 15 changed only the order SQLite declares traffic_day_dimensions' columns in;
 # PostgreSQL's quick check has no such flaw, so its tables stay as they are.
-POSTGRES_STEPS: dict[int, tuple[str, ...]] = {15: ()}
+POSTGRES_STEPS: dict[int, tuple[str, ...]] = {
+    15: (),
+    16: ("ALTER TABLE events ADD COLUMN IF NOT EXISTS anonymous BIGINT CHECK (anonymous = 1)",
+         "ALTER TABLE monthly_usage ADD COLUMN IF NOT EXISTS anonymous BIGINT NOT NULL DEFAULT 0"
+         " CHECK (anonymous >= 0)"),
+}
 
 
 def postgres_steps(found: int, steps: dict[int, tuple[str, ...]] | None = None) -> list[str]:
     """The statements that bring a PostgreSQL database from version `found` up to date."""
     steps = POSTGRES_STEPS if steps is None else steps
+    if found == 0:  # a new database: schema_postgres.sql made all of it
+        return []
     return [statement for version, statements in sorted(steps.items()) if found < version
             for statement in statements]

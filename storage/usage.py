@@ -1,4 +1,5 @@
-"""monthly_usage: counted events per account and UTC month.
+"""monthly_usage: counted events per account and UTC month, and how many of them were
+anonymous (POST /api/v1/collect).
 
 The flush adds to it in the transaction that stores the events; quota/ holds the
 arithmetic (plans, caps, what a worker holds but has not stored).
@@ -8,35 +9,41 @@ from __future__ import annotations
 
 import sqlite3
 
-_READ = "SELECT events FROM monthly_usage WHERE account_id = ? AND month = ?"
+_READ = "SELECT events, anonymous FROM monthly_usage WHERE account_id = ? AND month = ?"
 _ACCOUNT_MONTH = (
-    "SELECT a.plan, COALESCE(u.events, 0) FROM accounts a"
+    "SELECT a.plan, COALESCE(u.events, 0), COALESCE(u.anonymous, 0) FROM accounts a"
     " LEFT JOIN monthly_usage u ON u.account_id = a.id AND u.month = ?"
     " WHERE a.public_id = ?"
 )
 
 
-def read_usage(conn: sqlite3.Connection, account_id: int, month: str) -> int:
+def read_usage(conn: sqlite3.Connection, account_id: int, month: str) -> tuple[int, int]:
+    """(counted events, the anonymous ones among them) of the account in the month."""
     row = conn.execute(_READ, (account_id, month)).fetchone()
-    return row[0] if row else 0
+    return (row[0], row[1]) if row else (0, 0)
 
 
 def account_month(conn: sqlite3.Connection, account_public_id: str,
-                  month: str) -> tuple[str, int] | None:
-    """(plan, counted events) of the account in the month; None when no such account."""
+                  month: str) -> tuple[str, int, int] | None:
+    """(plan, counted events, anonymous ones) of the account in the month; None when no
+    such account."""
     return conn.execute(_ACCOUNT_MONTH, (month, account_public_id)).fetchone()
 
 
 ADD_USAGE = (
-    "INSERT INTO monthly_usage (account_id, month, events) VALUES (?, ?, ?)"
-    " ON CONFLICT (account_id, month) DO UPDATE SET events = monthly_usage.events + excluded.events"
-    " RETURNING events"
+    "INSERT INTO monthly_usage (account_id, month, events, anonymous) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (account_id, month) DO UPDATE SET events = monthly_usage.events + excluded.events,"
+    " anonymous = monthly_usage.anonymous + excluded.anonymous"
+    " RETURNING events, anonymous"
 )
 
 
-def add_usage(conn: sqlite3.Connection,
-              usage: dict[tuple[int, str], int]) -> dict[tuple[int, str], int]:
-    """Add counted events per (account id, month); returns each one's new total. The flush
-    calls it in the transaction that stores those events, so the two always agree."""
-    return {key: conn.execute(ADD_USAGE, (*key, events)).fetchone()[0]
+def add_usage(conn: sqlite3.Connection, usage: dict[tuple[int, str], int],
+              anonymous: dict[tuple[int, str], int] | None = None,
+              ) -> dict[tuple[int, str], tuple[int, int]]:
+    """Add counted events per (account id, month), `anonymous` of them anonymous; returns
+    each one's new (total, anonymous). The flush calls it in the transaction that stores
+    those events, so the two always agree."""
+    anonymous = anonymous or {}
+    return {key: tuple(conn.execute(ADD_USAGE, (*key, events, anonymous.get(key, 0))).fetchone())
             for key, events in usage.items()}

@@ -1,4 +1,5 @@
-"""Dashboard users, the accounts they may see, their sign-in sessions and failed sign-ins.
+"""Dashboard users, the accounts they may see, their sign-in sessions, failed sign-ins, the
+addresses they signed in from and the key of the sign-in form's CSRF tokens.
 
 Passwords arrive here already hashed (dashboard/passwords.py); session ids arrive as
 SHA-256 digests, so the table holds nothing a stolen copy could sign in with.
@@ -35,6 +36,15 @@ class SignedIn:
     account_ids: frozenset[int]
     csrf_token: str
     expires_at: int
+
+
+@dataclass(frozen=True)
+class Failures:
+    """(count, earliest at_ms or None) of failed sign-ins in a window, three ways."""
+
+    pair: tuple[int, int | None]  # this email from this address
+    address: tuple[int, int | None]  # from this address, any email
+    email: tuple[int, int | None]  # this email, from anywhere
 
 
 def normalize_email(email: str) -> str:
@@ -109,6 +119,7 @@ class Users:
         user = self._require(email_or_id)
         with self.db.transaction() as conn:
             conn.execute("DELETE FROM user_sessions WHERE user_id = ?", (user.id,))
+            conn.execute("DELETE FROM sign_in_addresses WHERE user_id = ?", (user.id,))
             conn.execute("DELETE FROM user_accounts WHERE user_id = ?", (user.id,))
             conn.execute("DELETE FROM users WHERE id = ?", (user.id,))
         return {"id": user.public_id, "email": user.email, "deleted": True}
@@ -171,29 +182,66 @@ class Users:
                 for site_id, public_id, account, name in rows]
 
     # failed sign-ins ---------------------------------------------------------
-    def record_failure(self, email: str, client_ip: str) -> None:
+    def record_failure(self, email: str, address: str) -> None:
+        """address: the client's address block (api.client_ip.address_block)."""
         now = self._now_ms()
         with self.db.transaction() as conn:
             conn.execute("INSERT INTO login_failures (email, client_ip, at_ms) VALUES (?, ?, ?)",
-                         (email, client_ip, now))
+                         (email, address, now))
             # Rows older than a day tell nothing any more.
             conn.execute("DELETE FROM login_failures WHERE at_ms < ?", (now - 86_400_000,))
 
-    def failures_since(self, email: str, client_ip: str, since_ms: int) -> tuple[int, int, int | None]:
-        """(failures for the email, failures from the address, the earliest of those)."""
+    def failures_since(self, email: str, address: str, since_ms: int) -> Failures:
+        """Failed sign-ins since then: for the email from the address, from the address
+        (any email), for the email (any address); each with its earliest time."""
         conn = self.db.conn()
-        by_email, first_email = conn.execute(
+        pair = conn.execute(
+            "SELECT count(*), min(at_ms) FROM login_failures"
+            " WHERE email = ? AND client_ip = ? AND at_ms >= ?",
+            (email, address, since_ms)).fetchone()
+        by_address = conn.execute(
+            "SELECT count(*), min(at_ms) FROM login_failures WHERE client_ip = ? AND at_ms >= ?",
+            (address, since_ms)).fetchone()
+        by_email = conn.execute(
             "SELECT count(*), min(at_ms) FROM login_failures WHERE email = ? AND at_ms >= ?",
             (email, since_ms)).fetchone()
-        by_ip, first_ip = conn.execute(
-            "SELECT count(*), min(at_ms) FROM login_failures WHERE client_ip = ? AND at_ms >= ?",
-            (client_ip, since_ms)).fetchone()
-        firsts = [t for t in (first_email, first_ip) if t is not None]
-        return by_email, by_ip, min(firsts) if firsts else None
+        return Failures(tuple(pair), tuple(by_address), tuple(by_email))
 
-    def clear_failures(self, email: str) -> None:
+    def clear_failures(self, email: str, address: str) -> None:
+        """A successful sign-in forgets that address's failures for the email (only those:
+        others' count on)."""
         with self.db.transaction() as conn:
-            conn.execute("DELETE FROM login_failures WHERE email = ?", (email,))
+            conn.execute("DELETE FROM login_failures WHERE email = ? AND client_ip = ?",
+                         (email, address))
+
+    # addresses a user signed in from -----------------------------------------------
+    def remember_address(self, user_id: int, address: str, forget_before_ms: int) -> None:
+        now = self._now_ms()
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT INTO sign_in_addresses (user_id, address, last_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (user_id, address) DO UPDATE SET last_at = excluded.last_at",
+                (user_id, address, now))
+            conn.execute("DELETE FROM sign_in_addresses WHERE user_id = ? AND last_at < ?",
+                         (user_id, forget_before_ms))
+
+    def known_address(self, user_id: int, address: str, since_ms: int) -> bool:
+        return self.db.conn().execute(
+            "SELECT 1 FROM sign_in_addresses WHERE user_id = ? AND address = ? AND last_at >= ?",
+            (user_id, address, since_ms)).fetchone() is not None
+
+    def sign_in_key(self) -> bytes:
+        """The installation's key for sign-in CSRF tokens, made on first use (the first
+        writer wins)."""
+        conn = self.db.conn()
+        row = conn.execute("SELECT key FROM sign_in_key WHERE id = 1").fetchone()
+        if row is None:
+            with self.db.transaction() as conn:
+                conn.execute("INSERT INTO sign_in_key (id, key, created_at) VALUES (1, ?, ?)"
+                             " ON CONFLICT (id) DO NOTHING",
+                             (self.random_bytes(32), self._now_ms()))
+            row = self.db.conn().execute("SELECT key FROM sign_in_key WHERE id = 1").fetchone()
+        return bytes(row[0])
 
 
 def _json_list(values: list[int]) -> str:

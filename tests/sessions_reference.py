@@ -34,8 +34,9 @@ INSERT_EVENTS = (
     "INSERT INTO events (site_id, ts, name, visitor_id, pathname, url, hostname, referrer,"
     " referrer_host, title, width, language, uid, props, country, browser, os, device,"
     " utm_source, utm_medium, utm_campaign, utm_term, utm_content, gclid, gbraid, wbraid,"
-    " msclkid, fbclid, session_id)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " msclkid, fbclid, anonymous, session_id)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+    " ?)"
 )
 
 
@@ -211,7 +212,9 @@ def reference_write_batch(conn: sqlite3.Connection, batch) -> None:
     _assign_sessions(conn, rows, batch, EVENT_COLUMNS)
     conn.executemany(INSERT_EVENTS, rows)
     for (account_id, month), events in batch.usage.items():
-        total = conn.execute(ADD_USAGE, (account_id, month, events)).fetchone()[0]
+        total = conn.execute(ADD_USAGE, (account_id, month, events,
+                                         batch.anonymous_usage.get((account_id, month), 0))
+                             ).fetchone()[0]
         batch.usage_totals[(account_id, month)] = total
 
 

@@ -25,8 +25,10 @@ from selenium.webdriver.common.actions.mouse_button import MouseButton
 
 from app import create_app
 from attribution.first_touch import rfc3339_ms
+from attribution.identity import identity_hash
 from enrichment.browser_ids import browser_visitor_id
 from enrichment.visitor import visitor_id
+from storage.identity_secrets import new_secret, replace_secret
 from tests.conftest import FakeClock, bearer, config_for, rows
 from tests.realparts import DESKTOP_UA, chromium_driver
 from validation.event import pack_ip
@@ -282,16 +284,25 @@ def test_a_middle_click_outbound_and_a_download_are_sent(world, driver):
                     "File Download": {"url": f"http://shop.test:{world.port}/files/report.pdf"}}
 
 
-def test_identify_links_the_user_to_the_browser_visitor(world, driver):
+def test_identify_links_the_user_to_the_browser_visitor_only_with_its_hash(world, driver):
     site = world.new_site()
     load(driver, world.url(site, "/plain"))
     driver.execute_script("tally('identify', 'user-42')")
     pageview, identify = world.events(site, 2)
     assert (identify["name"], identify["uid"]) == ("$identify", "user-42")
     assert identify["visitor_id"] == pageview["visitor_id"]
-    links = rows(world.db_path, "SELECT uid, visitor_id FROM visitor_identities WHERE site_id = ?",
-                 (site["number"],))
-    assert links == [{"uid": "user-42", "visitor_id": pageview["visitor_id"]}]
+    # Stored (and counted), but no server vouched for it: it links no one.
+    links = "SELECT uid, visitor_id FROM visitor_identities WHERE site_id = ?"
+    assert rows(world.db_path, links, (site["number"],)) == []
+    secret = new_secret(lambda n: bytes(range(n)))
+    replace_secret(world.app.db, site["number"], secret, 0)
+    world.clock.advance(2)  # past the worker's one-second cache of secrets
+    driver.execute_script("tally('identify', 'user-42', {hash: arguments[0]})",
+                          identity_hash(secret, "user-42"))
+    *_, signed = world.events(site, 3)
+    assert (signed["uid"], signed["anonymous"]) == ("user-42", 1)
+    assert rows(world.db_path, links, (site["number"],)) == [
+        {"uid": "user-42", "visitor_id": pageview["visitor_id"]}]
 
 
 # The visitor id -----------------------------------------------------------------------

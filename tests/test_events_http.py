@@ -244,7 +244,7 @@ def test_single_event_is_stored_with_its_enrichment(client, site, tally, db_path
         "country": "GB", "browser": "Mobile Safari", "os": "iOS", "device": "mobile",
         "utm_source": "news", "utm_medium": "email", "utm_campaign": "spring",
         "utm_term": "tool", "utm_content": "hero", "gclid": "G1", "gbraid": None,
-        "wbraid": None, "msclkid": None, "fbclid": "F1",
+        "wbraid": None, "msclkid": None, "fbclid": "F1", "anonymous": None,
     }
 
 

@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("validation",),  # pure checks of request bodies and the values they return
     ("integrations.stripe.mapping",),  # Stripe's events as validated values (pure)
     ("storage",),  # the ground floor of state: every table, every SQL statement
-    ("quota",),  # plans, the monthly cap, usage held and stored
+    ("quota",),  # plans, the monthly cap, usage held and stored, anonymous traffic's limits
     ("enrichment",),  # visitor ids, user agents, URL pieces
     ("attribution",),  # sources, channels, sessions, first touch
     ("reports",),  # figures for the stats endpoints and `tally report`

@@ -27,6 +27,23 @@ def test_cells_by_hand():
     assert text == 'a,b\r\n"say ""hi"", then","line\nbreak"\r\n\'=cmd,1.50\r\n'
 
 
+def test_cells_are_judged_after_what_a_spreadsheet_skips_or_folds():
+    # The issue's three (a NUL, a byte-order mark, a full-width sign) and their kin.
+    hidden = ["\x00=6+6", "\ufeff=7+7", "\uff1d4+4", "\uff0b1", "\uff0d1", "\uff20x",
+              " =1", "\u200b\u00a0@SUM(A1)", "\x01\x1f+1", "\ufe62x", "=\u0338"]
+    assert [cell(v) for v in hidden] == ["'" + v for v in hidden]
+    # Ordinary values are written exactly as they are.
+    plain = ["caf\u00e9", "\u65e5\u672c", "Paid Search", "2026-09-21", "a=b", "x-1", "",
+             " spaced", "\ufeffplain", "\uff21BC", "\u2212 5"]
+    assert [cell(v) for v in plain] == plain
+
+
+def test_a_full_width_formula_from_a_visit_is_neutralised(shop):  # noqa: F811
+    shop.events(shop.event(EVIL, "pageview", "/?utm_source=%EF%BC%9D4%2B4%2Bcmd", 2500))
+    lines = parse(shop.get(f"/api/v1/stats/breakdown?by=source&{RANGE}&format=csv").body)
+    assert ["'\uff1d4+4+cmd", "1", "1", "0"] in lines
+
+
 def parse(body: bytes) -> list[list[str]]:
     return list(csv.reader(io.StringIO(body.decode("utf-8"), newline="")))
 

@@ -129,6 +129,8 @@ def _event():
     ("garbage", "Stripe-Signature does not match this site's webhook secret"),
     ("tampered", "Stripe-Signature does not match this site's webhook secret"),
     ("old", "Stripe-Signature timestamp is more than 300 seconds old"),
+    ("a year ahead", "Stripe-Signature timestamp is more than 300 seconds in the future"),
+    ("just ahead", "Stripe-Signature timestamp is more than 300 seconds in the future"),
 ])
 def test_bad_signatures_are_400_and_store_nothing(stripe_site, db_path, case, message):
     event = _event()
@@ -138,6 +140,8 @@ def test_bad_signatures_are_400_and_store_nothing(stripe_site, db_path, case, me
         "garbage": {"signature": "t=abc,v1=zz"},
         "tampered": {"signature": sign(body({**event, "id": "evt_other"}))},
         "old": {"timestamp": int(time.time()) - 301},
+        "a year ahead": {"timestamp": int(time.time()) + 365 * 86_400},
+        "just ahead": {"timestamp": int(time.time()) + 330},
     }[case]
     error = stripe_site.post(event, status=400, **kwargs)["error"]
     assert error == {"code": "invalid_input", "message": message}

@@ -38,7 +38,7 @@
       (domain ? "; Domain=" + domain : "") + (loc.protocol === "https:" ? "; Secure" : "");
   }
 
-  function send(name, props, uid) {
+  function send(name, props, uid, hash) {
     if (silent) return;
     var body = { s: site, e: name, u: loc.href, w: w.innerWidth };
     if (d.referrer) body.r = d.referrer;
@@ -46,6 +46,7 @@
     if (n.language) body.l = n.language;
     if (props) body.p = props;
     if (uid) body.uid = uid;
+    if (hash) body.uh = hash;
     if (visitor) body.v = visitor;
     body = JSON.stringify(body);
     /* A string body goes as text/plain: a simple request, no CORS preflight.
@@ -76,7 +77,7 @@
     } else if (command === "event") {
       send(name, props);
     } else if (command === "identify") {
-      send("$identify", null, name);
+      send("$identify", null, name, props && props.hash);
     }
   }
   tally.visitorId = function () { return visitor; };

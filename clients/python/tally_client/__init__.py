@@ -7,7 +7,7 @@
 """
 
 from tally_client.client import Tally, TallyError
-from tally_client.web import client_ip, visitor_id_from_cookies
+from tally_client.web import client_ip, identity_hash, visitor_id_from_cookies
 
-__all__ = ["Tally", "TallyError", "client_ip", "visitor_id_from_cookies"]
+__all__ = ["Tally", "TallyError", "client_ip", "identity_hash", "visitor_id_from_cookies"]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""Helpers for web frameworks: the visitor's real IP, and the browser script's visitor id.
+"""Helpers for web frameworks: the visitor's real IP, the browser script's visitor id, and
+the identity hash a page passes to `tally('identify', ...)`.
 
 Both take what a framework hands you: a WSGI environ, Django's `request.META`, or a
 request object of Flask/Werkzeug, Django, Falcon, Starlette/FastAPI or WebOb.
@@ -6,6 +7,8 @@ request object of Flask/Werkzeug, Django, Falcon, Starlette/FastAPI or WebOb.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
@@ -123,3 +126,12 @@ def _from_header(header: str) -> str | None:
         return None
     morsel = cookie.get(VISITOR_COOKIE)
     return morsel.value if morsel is not None else None
+
+
+def identity_hash(secret: str, user_id: str) -> str:
+    """The hash that makes the browser's identify count: put it in the page of a signed-in
+    user, `tally('identify', USER_ID, {hash: HASH})`. `secret` is the site's identity
+    secret (`tally site identity-secret`), which stays on your server: lower-case hex
+    HMAC-SHA256 of the user id's UTF-8 bytes keyed with the secret's UTF-8 bytes."""
+    return hmac.new(secret.encode("utf-8"), str(user_id).encode("utf-8"),
+                    hashlib.sha256).hexdigest()
