@@ -515,6 +515,10 @@ class PostgresDatabase:
             raise
         return local.conn
 
+    def checkpoint(self, conn: PostgresConnection) -> None:
+        """Nothing to do: the server recycles its own write-ahead log (storage.db's does the
+        work for SQLite)."""
+
     def release(self) -> None:
         """Give this thread's connection back to the pool (a no-op when it has none)."""
         local = self._local
