@@ -274,8 +274,9 @@ def integrity_problems(conn: sqlite3.Connection) -> list[str]:
 def damaged(path: str, problems: list[str]) -> str:
     """One line: what is wrong with the file at `path` and what to do about it."""
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    return (f"database {path} is damaged: {problems[0]}{more}; stop Tally and restore"
-            " the latest backup (README: Backups), or see `tally check` for every problem")
+    return (f"database {path} is damaged: {problems[0]}{more}; stop Tally, move the file"
+            " aside and restore the latest backup with `tally restore BACKUP` (README:"
+            " Backups); `tally check` lists every problem")
 
 
 def _probe_write(conn: sqlite3.Connection) -> None:
