@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import orjson
 
-from tests.conftest import Server, is_postgres, rows
+from tests.conftest import Server, http, is_postgres, rows
 from tests.realparts import postgres_admin
 
 CLOCKED_APP = "tests.clocked_app:app"
@@ -283,25 +283,25 @@ def share_paths(token: str, first: str, last: str) -> list[str]:
 def report_snapshot(base_url: str, key: str, api: list[str], pages, signed_in,
                     shared: list[str]) -> dict[str, object]:
     """Every report as the service answers it now: JSON data, CSV text, and the HTML of
-    the dashboard's pages (signed in, with `signed_in`, a requests.Session) and shared links."""
-    import requests
+    the dashboard's pages (signed in, with the cookies of `signed_in`, a requests.Session)
+    and shared links. Asked four at a time, as a dashboard's users would."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    answers: dict[str, object] = {}
-    with requests.Session() as plain:
-        for path in api:
-            resp = plain.get(base_url + path, headers={"Authorization": f"Bearer {key}"},
-                             timeout=60)
-            assert resp.status_code == 200, (path, resp.status_code, resp.text[:500])
-            answers[path] = resp.text if "format=csv" in path else orjson.loads(resp.content)["data"]
-        for path in shared:
-            resp = plain.get(base_url + path, timeout=60)
-            assert resp.status_code == 200, (path, resp.status_code, resp.text[:500])
-            answers[path] = _page_text(resp.text)
-    for path in pages:
-        resp = signed_in.get(base_url + path, timeout=60, allow_redirects=False)
-        assert resp.status_code == 200, (path, resp.status_code, resp.text[:500])
-        answers[path] = _page_text(resp.text)
-    return answers
+    cookies = "; ".join(f"{c.name}={c.value}" for c in signed_in.cookies)
+    asks = ([(path, {"Authorization": f"Bearer {key}"}) for path in api]
+            + [(path, {}) for path in shared] + [(path, {"Cookie": cookies}) for path in pages])
+
+    def ask(item):
+        path, headers = item
+        status, _, body = http("GET", base_url + path, headers=headers)
+        assert status == 200, (path, status, body[:500])
+        if path.startswith("/api/"):
+            return body.decode() if "format=csv" in path else orjson.loads(body)["data"]
+        return _page_text(body.decode())
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, asks))
+    return dict(zip([path for path, _ in asks], answers, strict=True))
 
 
 def _page_text(html: str) -> str:
