@@ -1,5 +1,6 @@
-"""What an operator runs with `tally`: a consistent copy of a live database, deleting raw
-traffic past the retention period, and erasing a customer's or a visitor's personal data.
+"""What an operator runs with `tally`: a consistent copy of a live database and its restore,
+deleting raw traffic past the retention period, and erasing a customer's or a visitor's
+personal data.
 
 Each long delete goes in batches of BATCH rows, one short transaction each, so the flush
 threads of a running server wait for the write lock at most one batch at a time.
@@ -152,8 +153,8 @@ class RestoreResult:
 
 def restore(db: Database, source: str) -> RestoreResult:
     """Put the backup `source` (what `tally backup` wrote) in place of the database, which
-    must not be there yet: a restore never overwrites. SQLite: a checked copy renamed to
-    the path of TALLY_DB; PostgreSQL: pg_restore of the archive into the URL's schema, in
+    must not be there yet: a restore never overwrites. SQLite: a checked copy linked into
+    place at TALLY_DB; PostgreSQL: pg_restore of the archive into the URL's schema, in
     one transaction. The restored database is left as the backup was, at its own schema
     version: Tally migrates it when it next opens it, as it does any older database."""
     path = Path(source)
