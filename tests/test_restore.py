@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from storage.db import schema
 from tests.conftest import cli_json, is_postgres, rows, run_cli
 from tests.lifecycle import fresh_place
 from tests.test_sqlite_gates import _genuinely_damaged
@@ -35,7 +36,7 @@ def test_a_backup_is_restored_into_a_new_place_and_never_over_a_database(db_path
     with ExitStack() as stack:
         target = fresh_place(db_path, tmp_path, stack)
         restored = cli_json("restore", str(backup), db=target)
-        assert restored["restored_from"] == str(backup) and restored["user_version"] == 15
+        assert restored["restored_from"] == str(backup) and restored["user_version"] == schema()[0]
         assert restored["check"]["ok"] and restored["check"]["integrity"] == "ok"
         assert cli_json("site", "list", db=target)["sites"] == [site]
         if not is_postgres(target):
@@ -99,14 +100,14 @@ def test_a_restored_older_backup_keeps_its_version_until_tally_opens_it(tmp_path
     target = str(tmp_path / "tally.db")
     restored = cli_json("restore", str(V14), db=target)
     assert restored["user_version"] == 14 and restored["check"]["ok"]
-    assert "migrates it to version 15 when it next starts" in run_cli(
+    assert f"migrates it to version {schema()[0]} when it next starts" in run_cli(
         "restore", str(V14), db=str(tmp_path / "again.db")).stdout
     conn = sqlite3.connect(target)
     try:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 14
     finally:
         conn.close()
-    assert cli_json("init", db=target)["schema_version"] == 15
+    assert cli_json("init", db=target)["schema_version"] == schema()[0]
     assert rows(target, "PRAGMA quick_check") == [{"quick_check": "ok"}]
     check = orjson.loads(run_cli("check", "--json", db=target).stdout)
     assert check["ok"]
