@@ -301,20 +301,29 @@ def _backup(args, ctx):
                   f"{result.user_version}, integrity {result.integrity})"]
 
 
+def _usage_after_migration(conn) -> tuple[list[dict], int]:
+    return [], 0
+
+
 @command("restore")
 def _restore(args, ctx):
     result = restore(ctx.db, args.backup)
+    current = schema()[0]
+    # Usage is counted with this release's statements, which read this release's schema:
+    # an older backup's integrity is checked now, its usage by tally check once migrated.
+    same = result.user_version == current
     conn = connection_as_is(ctx.db)
     try:
-        report = run_checks(conn, usage_mismatches)
+        report = run_checks(conn, usage_mismatches if same else _usage_after_migration)
     except ctx.db.DatabaseError as exc:
         raise CliError(f"restored to {result.location}, but it cannot be checked: {exc}") from None
     finally:
         conn.close()
-    current = schema()[0]
+    report.usage_checked = report.usage_checked and same
     data = {"restored_from": result.source, "db": result.location,
             "user_version": result.user_version, "check": report.as_json()}
-    later = (f"; Tally migrates it to version {current} when it next starts"
+    later = (f"; Tally migrates it to version {current} when it next starts (then run"
+             " tally check: its usage is checked after the migration)"
              if result.user_version < current else "")
     lines = [f"restored {result.source} to {result.location} (schema version"
              f" {result.user_version}{later})",
