@@ -39,15 +39,17 @@ from reports.timeseries import INTERVALS
 from storage import deadletters
 from storage.backend import open_database
 from storage.check import run_checks
-from storage.db import Database, StorageError
+from storage.db import Database, StorageError, schema
 from storage.directory import Directory, InvalidArgument, NotFound
 from storage.identity_secrets import new_secret, replace_secret
 from storage.maintenance import (
     MaintenanceError,
     backup,
+    connection_as_is,
     delete_raw_traffic,
     erase_customer,
     erase_visitor,
+    restore,
     sites_with_raw_traffic,
     unstored_days,
     visitor_id_of,
@@ -77,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("check", help="integrity check, and monthly usage against stored events")
     backup = commands.add_parser("backup", help="a consistent copy of the database, while it serves")
     backup.add_argument("path", metavar="PATH", help="a new file (never overwritten)")
+    restore = commands.add_parser(
+        "restore", help="put a backup in place of the database, which must not be there yet")
+    restore.add_argument("backup", metavar="BACKUP", help="a file tally backup wrote")
     migrate = commands.add_parser(
         "migrate-to-postgres", help="copy the SQLite database TALLY_DB into an empty PostgreSQL one")
     migrate.add_argument("--to", metavar="URL",
@@ -299,6 +304,36 @@ def _backup(args, ctx):
             "integrity": result.integrity}
     return data, [f"backup written to {result.path} ({result.bytes} bytes, schema version "
                   f"{result.user_version}, integrity {result.integrity})"]
+
+
+def _usage_after_migration(conn) -> tuple[list[dict], int]:
+    return [], 0
+
+
+@command("restore")
+def _restore(args, ctx):
+    result = restore(ctx.db, args.backup)
+    current = schema()[0]
+    # Usage is counted with this release's statements, which read this release's schema:
+    # an older backup's integrity is checked now, its usage by tally check once migrated.
+    same = result.user_version == current
+    conn = connection_as_is(ctx.db)
+    try:
+        report = run_checks(conn, usage_mismatches if same else _usage_after_migration)
+    except ctx.db.DatabaseError as exc:
+        raise CliError(f"restored to {result.location}, but it cannot be checked: {exc}") from None
+    finally:
+        conn.close()
+    report.usage_checked = report.usage_checked and same
+    data = {"restored_from": result.source, "db": result.location,
+            "user_version": result.user_version, "check": report.as_json()}
+    later = (f"; Tally migrates it to version {current} when it next starts (then run"
+             " tally check: its usage is checked after the migration)"
+             if result.user_version < current else "")
+    lines = [f"restored {result.source} to {result.location} (schema version"
+             f" {result.user_version}{later})",
+             f"check: {'ok' if report.ok else 'PROBLEMS, see tally check'}"]
+    return data, lines, 0 if report.ok else 1
 
 
 @command("migrate-to-postgres")

@@ -3,8 +3,9 @@
 Every TALLY_FLUSH_INTERVAL seconds (sooner when half the queue is waiting, or when
 asked), it swaps the waiting units out under the queue's lock, enriches them and writes
 them with its own connection: one executemany in one transaction, through
-`write(conn, batch)`. When the database is locked, full or failing it keeps the batch
-and retries with backoff; the queue then fills and requests get 503. Any other failure
+`write(conn, batch)`. When the database is locked or failing it keeps the batch and
+retries with backoff; the queue then fills and requests get 503. On a full disk it stores
+the batch in smaller parts, as many as fit, and waits for space for the rest. Any other failure
 is the data's: the batch is split until the failing events are found and set aside in
 dead_letters, and everything else is stored. `stop()` closes the
 queue (later offers are refused), wakes the thread for a final flush and joins it.
@@ -25,7 +26,13 @@ from ingest.pipeline import enrich, write_batch
 from ingest.queue import Accepted, EventQueue
 from quota.usage import counted_events
 from storage import deadletters
-from storage.db import Database, StorageBusy, StorageError, is_transient_failure
+from storage.db import (
+    Database,
+    StorageBusy,
+    StorageError,
+    is_disk_full,
+    is_transient_failure,
+)
 
 log = logging.getLogger("tally")
 
@@ -135,15 +142,19 @@ class Flusher:
     def _store(self, units: list[Accepted]) -> None:
         """Store the units, retrying only what a retry can fix.
 
-        A transient failure (busy, locked, disk full, I/O) keeps everything not yet stored
-        and retries it with backoff. Any other failure splits the failing part in two
-        until it is one event, which is set aside in dead_letters with the reason: one
-        event never holds up another.
+        A transient failure (busy, locked, I/O) keeps everything not yet stored and
+        retries it with backoff. A full disk may still hold a smaller transaction: the
+        failing part is split in two until a part fits, and once one is stored the rest is
+        tried whole again, so a batch too big for the space left is stored in as few parts
+        as fit; one event that does not fit waits for space with everything else kept
+        (never set aside). Any other failure splits the failing part in two until it is
+        one event, which is set aside in dead_letters with the reason: one event never
+        holds up another.
         """
         pending: list[tuple[list[Accepted], str | None]] = [(units, None)]  # (part, reason)
         delay, max_delay = self.backoff
         started = time.monotonic()
-        stored = set_aside = 0
+        stored = set_aside = split = 0
         while pending:
             part, reason = pending[-1]
             try:
@@ -155,6 +166,12 @@ class Flusher:
                     set_aside += 1
                 pending.pop()
                 self.queue.stored(part)
+                if split:
+                    # The disk was full: let the next part reuse the space this one took
+                    # in the write-ahead log, and try everything left in one go.
+                    self.db.checkpoint(conn)
+                    pending = _merged(pending)
+                delay = self.backoff[0]  # progress: a later wait starts short again
                 continue
             except Exception as exc:
                 self.failures += 1
@@ -169,11 +186,19 @@ class Flusher:
                 else:
                     pending += [(halves[1], None), (halves[0], None)]  # first half first
                 continue
-            # A transient failure, or even the one-row write to dead_letters failed: the
-            # database is what fails, so everything not yet stored is kept and retried
-            # whole (its events may all be storable once the database recovers).
+            if reason is None and is_disk_full(failure):
+                halves = _split(part)
+                if halves is not None:
+                    pending.pop()
+                    pending += [(halves[1], None), (halves[0], None)]
+                    split += 1
+                    continue
+            else:
+                # A transient failure, or even the one-row write to dead_letters failed: the
+                # database is what fails, so everything not yet stored is kept and retried
+                # whole (its events may all be storable once the database recovers).
+                pending = [([unit for part, _ in pending for unit in part], None)]
             rest = [unit for part, _ in pending for unit in part]
-            pending = [(rest, None)]
             held = sum(len(unit.events) for unit in rest)
             if self._give_up_at is not None and time.monotonic() >= self._give_up_at:
                 log.error("shutting down: %d accepted events could not be stored: %s",
@@ -188,6 +213,9 @@ class Flusher:
             time.sleep(pause)
             delay = min(delay * 2, max_delay)
         self.stored_events += stored
+        if split:
+            log.warning("disk full: stored %d events in smaller transactions (%d splits)",
+                        stored, split)
         if stored:
             metrics.events_flushed(stored, time.monotonic() - started)
         if set_aside:
@@ -253,6 +281,15 @@ def _split(units: list[Accepted]) -> tuple[list[Accepted], list[Accepted]] | Non
         return None
     middle = len(unit.events) // 2
     return [_sub_unit(unit, unit.events[:middle])], [_sub_unit(unit, unit.events[middle:])]
+
+
+def _merged(pending: list[tuple[list[Accepted], str | None]]) -> list[tuple[list[Accepted], str | None]]:
+    """The parts to store as one again, on top (in their order); those to set aside below."""
+    aside = [entry for entry in pending if entry[1] is not None]
+    parts = [entry[0] for entry in reversed(pending) if entry[1] is None]
+    if not parts:
+        return aside
+    return [*aside, ([unit for part in parts for unit in part], None)]
 
 
 def _sub_unit(unit: Accepted, events: list) -> Accepted:

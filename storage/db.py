@@ -7,6 +7,7 @@ per process, the first time any connection is made.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
@@ -84,6 +85,22 @@ def is_transient_failure(exc: BaseException) -> bool:
         word in str(error) for word in _TRANSIENT_WORDS)
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether a write failed for want of disk space (SQLite's SQLITE_FULL, ENOSPC,
+    PostgreSQL's disk_full): a smaller write may fit where this one did not."""
+    for failure in (exc, exc.__cause__):
+        if isinstance(failure, OSError) and failure.errno == errno.ENOSPC:
+            return True
+        if isinstance(failure, sqlite3.Error):
+            code = getattr(failure, "sqlite_errorcode", None)
+            if code is not None:
+                return code & 0xFF == sqlite3.SQLITE_FULL
+            return "disk is full" in str(failure)
+        if getattr(failure, "sqlstate", None) == "53100":  # PostgreSQL's disk_full
+            return True
+    return False
+
+
 class Database:
     dialect = "sqlite"
     DatabaseError = sqlite3.DatabaseError
@@ -153,6 +170,15 @@ class Database:
     def ping(self) -> None:
         """One trivial query: raises when the database cannot be read."""
         self.conn().execute("SELECT 1").fetchone()
+
+    def checkpoint(self, conn: sqlite3.Connection) -> None:
+        """Copy what the write-ahead log holds into the file, without waiting for anyone, so
+        the next transaction writes the log from its start instead of growing it: on a full
+        disk, what a stored transaction took in the log is reused. Best effort."""
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error:
+            pass  # the file could not grow either: the log keeps the frames, nothing is lost
 
     def release(self) -> None:
         """Nothing to give back: each thread keeps its SQLite connection (PostgreSQL's
@@ -248,8 +274,9 @@ def integrity_problems(conn: sqlite3.Connection) -> list[str]:
 def damaged(path: str, problems: list[str]) -> str:
     """One line: what is wrong with the file at `path` and what to do about it."""
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    return (f"database {path} is damaged: {problems[0]}{more}; stop Tally and restore"
-            " the latest backup (README: Backups), or see `tally check` for every problem")
+    return (f"database {path} is damaged: {problems[0]}{more}; stop Tally, move the file"
+            " aside and restore the latest backup with `tally restore BACKUP` (README:"
+            " Backups); `tally check` lists every problem")
 
 
 def _probe_write(conn: sqlite3.Connection) -> None:

@@ -1,5 +1,6 @@
-"""What an operator runs with `tally`: a consistent copy of a live database, deleting raw
-traffic past the retention period, and erasing a customer's or a visitor's personal data.
+"""What an operator runs with `tally`: a consistent copy of a live database and its restore,
+deleting raw traffic past the retention period, and erasing a customer's or a visitor's
+personal data.
 
 Each long delete goes in batches of BATCH rows, one short transaction each, so the flush
 threads of a running server wait for the write lock at most one batch at a time.
@@ -12,6 +13,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +136,181 @@ def _backup_postgres(db, partial: Path) -> tuple[int, str]:
     if tables - dumped:
         return version, f"the archive lacks the rows of {', '.join(sorted(tables - dumped))}"
     return version, "ok"
+
+
+# Restores ------------------------------------------------------------------------------
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+PG_DUMP_HEADER = b"PGDMP"
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    source: str
+    location: str
+    user_version: int  # the backup's schema version, as restored (migrated at next open)
+
+
+def restore(db: Database, source: str) -> RestoreResult:
+    """Put the backup `source` (what `tally backup` wrote) in place of the database, which
+    must not be there yet: a restore never overwrites. SQLite: a checked copy linked into
+    place at TALLY_DB; PostgreSQL: pg_restore of the archive into the URL's schema, in
+    one transaction. The restored database is left as the backup was, at its own schema
+    version: Tally migrates it when it next opens it, as it does any older database."""
+    path = Path(source)
+    if not path.is_file():
+        raise MaintenanceError(f"no backup at {source}")
+    with open(path, "rb") as handle:
+        header = handle.read(len(SQLITE_HEADER))
+    archive, sqlite_file = header.startswith(PG_DUMP_HEADER), header == SQLITE_HEADER
+    if dialect(db) == "postgres":
+        if sqlite_file:
+            raise MaintenanceError(f"{source} is a SQLite database: restore it with TALLY_DB set"
+                                   " (and TALLY_DATABASE_URL unset), or copy it into PostgreSQL"
+                                   " with tally migrate-to-postgres")
+        if not archive:
+            raise MaintenanceError(f"{source} is not a pg_dump archive: give a file tally"
+                                   " backup wrote")
+        return _restore_postgres(db, path)
+    if archive:
+        raise MaintenanceError(f"{source} is a PostgreSQL archive (pg_dump): restore it with"
+                               " TALLY_DATABASE_URL set to the database to fill")
+    if not sqlite_file:
+        raise MaintenanceError(f"{source} is not a SQLite database: give a file tally backup"
+                               " wrote")
+    return _restore_sqlite(db, path)
+
+
+def _restore_sqlite(db: Database, source: Path) -> RestoreResult:
+    target = Path(db.path)
+    present = [str(p) for p in (target, *(Path(f"{target}{suffix}") for suffix in
+                                          ("-wal", "-shm", "-journal"))) if p.exists()]
+    if present:
+        raise MaintenanceError(
+            f"{', '.join(present)} already there: a restore never overwrites; stop Tally and"
+            f" move the database and its -wal and -shm files aside (README: Backups)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    partial.unlink(missing_ok=True)
+    try:
+        reader = sqlite3.connect(source)
+        try:
+            copy = sqlite3.connect(partial)
+            try:
+                reader.backup(copy)
+                copy.execute("PRAGMA journal_mode = DELETE")  # one file, no -wal beside it
+                problems = integrity_problems(copy)
+                version = copy.execute("PRAGMA user_version").fetchone()[0]
+            finally:
+                copy.close()
+        finally:
+            reader.close()
+    except sqlite3.Error as exc:
+        partial.unlink(missing_ok=True)
+        raise MaintenanceError(f"{source} cannot be read as a database: {exc}") from exc
+    if problems:
+        partial.unlink(missing_ok=True)
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise MaintenanceError(f"the backup {source} is damaged: {problems[0]}{more};"
+                               " nothing was restored: restore an earlier backup")
+    with open(partial, "rb") as handle:
+        os.fsync(handle.fileno())
+    try:
+        os.link(partial, target)  # fails if a database appeared meanwhile: never replaced
+    except FileExistsError:
+        partial.unlink(missing_ok=True)
+        raise MaintenanceError(f"{target} appeared during the restore; nothing was replaced") from None
+    partial.unlink()
+    _fsync_folder(target.parent)
+    return RestoreResult(str(source), str(target), int(version))
+
+
+_ARCHIVE_SCHEMA = re.compile(r"^\d+; \d+ \d+ SCHEMA - (\S+) ", re.MULTILINE)
+_SCHEMA_COMMENT = re.compile(r"^\d+; \d+ \d+ COMMENT - SCHEMA (\S+) ", re.MULTILINE)
+_SEARCH_PATH = "SELECT current_schema(), current_setting('search_path')"
+_SCHEMA_EXISTS = "SELECT count(*) FROM pg_namespace WHERE nspname = ?"
+_SCHEMA_OBJECTS = (
+    "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    "         WHERE n.nspname = ?)"
+    "     + (SELECT count(*) FROM pg_proc f JOIN pg_namespace n ON n.oid = f.pronamespace"
+    "         WHERE n.nspname = ?)"
+)
+
+
+def _restore_postgres(db, source: Path) -> RestoreResult:
+    """pg_restore of the archive in one transaction, into the URL's schema, which must be
+    the archive's (pg_dump names it in every statement) and hold nothing yet."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from storage.postgres import connect_as_is, schema_version
+
+    tool = shutil.which("pg_restore")
+    if tool is None:
+        raise MaintenanceError("pg_restore not found: install the PostgreSQL client programs"
+                               " (the server's major version or later) to restore an archive")
+    listing = subprocess.run([tool, "--list", str(source)], capture_output=True, text=True,
+                             check=False)
+    if listing.returncode != 0:
+        raise MaintenanceError(f"pg_restore cannot read {source}: {_one_line(listing.stderr)}")
+    schemas = set(_ARCHIVE_SCHEMA.findall(listing.stdout))
+    if len(schemas) != 1:
+        raise MaintenanceError(f"{source} is not an archive of one schema (tally backup writes"
+                               f" those); it holds {len(schemas)}")
+    (schema_name,) = schemas
+    conn = connect_as_is(db.url, db.busy_timeout_ms)
+    try:
+        current, search_path = conn.execute(_SEARCH_PATH).fetchone()
+        # current_schema() is the first schema of the search path that exists, if any.
+        named = [part.strip().strip('"') for part in search_path.split(",")]
+        writes_there = current == schema_name if current is not None else schema_name in named
+        if not writes_there:
+            raise MaintenanceError(
+                f"the backup holds schema {schema_name} but TALLY_DATABASE_URL writes to"
+                f" {current or search_path}: name it in the URL"
+                f" (?options=-csearch_path%3D{schema_name}), in a new database (createdb)")
+        exists = conn.execute(_SCHEMA_EXISTS, (schema_name,)).fetchone()[0] > 0
+        objects = conn.execute(_SCHEMA_OBJECTS, (schema_name, schema_name)).fetchone()[0]
+    finally:
+        conn.close()
+    if objects:
+        raise MaintenanceError(
+            f"schema {schema_name} of {db.location} already holds {objects} tables, sequences"
+            " or functions: a restore never overwrites; restore into a new database (createdb)"
+            " or an empty schema")
+    entries = listing.stdout
+    if exists:  # an empty schema already there (public, say): fill it, do not create it
+        entries = _ARCHIVE_SCHEMA.sub(lambda m: ";" + m.group(0), entries)
+        entries = _SCHEMA_COMMENT.sub(lambda m: ";" + m.group(0), entries)
+    parameters = conninfo_to_dict(db.url)
+    environment = dict(os.environ)
+    if parameters.get("password") is not None:
+        environment["PGPASSWORD"] = str(parameters.pop("password"))
+    with tempfile.NamedTemporaryFile("w", suffix=".list") as chosen:
+        chosen.write(entries)
+        chosen.flush()
+        result = subprocess.run(
+            [tool, "--single-transaction", "--exit-on-error", "--no-owner", "--no-privileges",
+             "--no-password", f"--use-list={chosen.name}", f"--dbname={make_conninfo(**parameters)}",
+             str(source)],
+            env=environment, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise MaintenanceError(f"pg_restore failed, nothing was restored: {_one_line(result.stderr)}")
+    conn = connect_as_is(db.url, db.busy_timeout_ms)
+    try:
+        version = schema_version(conn)
+    finally:
+        conn.close()
+    return RestoreResult(str(source), db.location, version)
+
+
+def connection_as_is(db: Database):
+    """A connection to the database as it is: no schema applied, nothing migrated (the
+    checks of a restored backup, which an older release may be about to open)."""
+    if dialect(db) == "postgres":
+        from storage.postgres import connect_as_is
+
+        return connect_as_is(db.url, db.busy_timeout_ms)
+    return sqlite3.connect(f"{Path(db.path).resolve().as_uri()}?mode=ro", uri=True)
 
 
 def _one_line(text: str) -> str:

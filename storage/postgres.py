@@ -439,6 +439,15 @@ def _connect(url: str, lock_timeout_ms: int) -> PostgresConnection:
     return PostgresConnection(raw, lock_timeout_ms)
 
 
+def connect_as_is(url: str, lock_timeout_ms: int = BUSY_TIMEOUT_MS) -> PostgresConnection:
+    """A connection of the caller's own that applies no schema (PostgresDatabase.connect
+    brings the database up to date first)."""
+    try:
+        return _connect(url, lock_timeout_ms)
+    except psycopg.Error as exc:
+        raise storage_error(exc) from exc
+
+
 def redact(url: str) -> str:
     """The URL without its password, for messages and logs."""
     parts = urlsplit(url)
@@ -514,6 +523,10 @@ class PostgresDatabase:
             self.release()
             raise
         return local.conn
+
+    def checkpoint(self, conn: PostgresConnection) -> None:
+        """Nothing to do: the server recycles its own write-ahead log (storage.db's does the
+        work for SQLite)."""
 
     def release(self) -> None:
         """Give this thread's connection back to the pool (a no-op when it has none)."""

@@ -27,7 +27,8 @@ class SiteSettings:
                          (site_id, host))
 
     def last_event(self, site_id: int) -> tuple[int, str, str] | None:
-        """(unix ms, event name, URL) of the site's latest stored event."""
+        """(unix ms, event name, URL) of the site's latest stored event (of those at the
+        same instant, the last stored, whatever order a restored copy keeps its rows in)."""
         return self.db.conn().execute(
-            "SELECT ts, name, url FROM events WHERE site_id = ? ORDER BY ts DESC LIMIT 1",
+            "SELECT ts, name, url FROM events WHERE site_id = ? ORDER BY ts DESC, id DESC LIMIT 1",
             (site_id,)).fetchone()

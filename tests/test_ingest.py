@@ -107,9 +107,9 @@ def test_write_runs_in_one_transaction_and_failures_keep_the_batch(store, db_pat
     def flaky_write(conn, batch):
         calls.append(len(batch.rows))
         assert conn.in_transaction
-        write_batch(conn, batch)  # half done, then the disk fills: must roll back
+        write_batch(conn, batch)  # half done, then the disk fails: must roll back
         if len(calls) <= 3:
-            raise sqlite3.OperationalError("database or disk is full")
+            raise sqlite3.OperationalError("disk I/O error")
 
     guard = QuotaGuard(store, FakeClock(NOW_MS / 1000))
     flusher = make_flusher(store, write=flaky_write, quota=guard)
@@ -120,6 +120,29 @@ def test_write_runs_in_one_transaction_and_failures_keep_the_batch(store, db_pat
     assert count(db_path) == 25  # stored once: the failed attempts rolled back
     assert count(db_path, "SELECT events FROM monthly_usage") == 25
     assert guard.used((1, "2026-09")) == 25  # moved from "held" to "stored", not both
+    flusher.stop(timeout=5)
+
+
+def test_a_full_disk_stores_a_batch_in_the_largest_parts_that_fit(store, db_path, caplog):
+    calls = []
+
+    def write_what_fits(conn, batch):
+        calls.append(len(batch.rows))
+        write_batch(conn, batch)
+        if len(batch.rows) > 10:  # the space left holds ten events a transaction
+            raise sqlite3.OperationalError("database or disk is full")
+
+    guard = QuotaGuard(store, FakeClock(NOW_MS / 1000))
+    flusher = make_flusher(store, write=write_what_fits, quota=guard)
+    guard.hold((1, "2026-09"), 25)
+    assert flusher.submit(unit(25))
+    assert flusher.flush_now(timeout=30)
+    # Halves until one fits, then everything left in one go again.
+    assert calls == [25, 12, 6, 19, 6, 13, 6, 7]
+    assert count(db_path) == 25 and flusher.set_aside_events == 0
+    assert count(db_path, "SELECT events FROM monthly_usage") == 25
+    assert guard.used((1, "2026-09")) == 25
+    assert "disk full: stored 25 events in smaller transactions (4 splits)" in caplog.text
     flusher.stop(timeout=5)
 
 

@@ -160,6 +160,7 @@ def test_a_damaged_file_is_refused_with_one_line_that_says_what_to_do(tmp_path):
     assert "\n" not in message
     assert re.search(r"is damaged: NULL value in notes\.body", message)
     assert "restore the latest backup" in message and "tally check" in message
+    assert "`tally restore BACKUP`" in message
     # tally init is a gate too, and says the same in one line.
     proc = run_cli("init", db=path, check=False)
     assert proc.returncode != 0
