@@ -29,7 +29,7 @@ from config import Config
 from dashboard.web import Dashboard
 from integrations.stripe.webhook import StripeWebhook
 from storage.backend import open_database
-from storage.db import Database
+from storage.db import Database, ReadBudget
 from storage.directory import Directory
 from storage.payments import PaymentStore
 from storage.stripe import StripeStore
@@ -101,10 +101,11 @@ class Tally:
         self.wsgi.add_route("/api/v1/customers/{customer_id}", CustomerRecord(self.auth, db))
         self.stripe_webhook = StripeWebhook(self.directory, StripeStore(db, clock))
         self.wsgi.add_route("/api/v1/integrations/stripe/{site_id}", self.stripe_webhook)
-        add_stats_routes(self.wsgi, self.auth, db, clock, config.flush_interval)
+        read_budget = ReadBudget(config.read_budget, config.read_budget_check_steps)
+        add_stats_routes(self.wsgi, self.auth, db, clock, config.flush_interval, read_budget)
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
         self.dashboard = Dashboard(config=config, db=db, directory=self.directory, clock=clock,
-                                   random_bytes=random_bytes)
+                                   random_bytes=random_bytes, read_budget=read_budget)
         self.dashboard.add_routes(self.wsgi)
         # Every background duty of a worker, besides the events flush.
         self.tasks = Tasks([

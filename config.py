@@ -39,6 +39,12 @@ class Config:
     log_format: str = "text"
     metrics_token: str | None = None
     retention_days: int | None = None
+    # Seconds of database time one HTTP read (a Stats API report, a dashboard page) may
+    # take before it is stopped and answered 422 query_too_expensive (None: no bound).
+    read_budget: float | None = 2.0
+    # SQLite virtual-machine steps between two checks of a read's budget (tuning, set in
+    # code; storage.db.READ_BUDGET_CHECK_STEPS).
+    read_budget_check_steps: int = 10_000
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -58,6 +64,7 @@ class Config:
             log_format=_choice(env, "TALLY_LOG_FORMAT", ("text", "json"), defaults.log_format),
             metrics_token=_metrics_token(env),
             retention_days=_positive_int(env, "TALLY_RETENTION_DAYS", None),
+            read_budget=_positive_float(env, "TALLY_READ_BUDGET", defaults.read_budget),
         )
 
 

@@ -23,7 +23,8 @@ from dashboard.render import render, static_file
 from quota.usage import account_usage, month_of
 from reports.money import dumps
 from reports.params import InvalidReportParameter, utc_today
-from storage.db import Database
+from reports.service import too_expensive
+from storage.db import NO_READ_BUDGET, Database, ReadBudget, ReadBudgetExceeded
 from storage.directory import Directory, InvalidArgument, SiteRecord
 from storage.shares import SharedLinks
 from storage.site_settings import SiteSettings
@@ -97,8 +98,10 @@ def _local_path(target: str | None) -> str:
 
 class Dashboard:
     def __init__(self, *, config, db: Database, directory: Directory,
-                 clock: Callable[[], float], random_bytes: Callable[[int], bytes]):
+                 clock: Callable[[], float], random_bytes: Callable[[int], bytes],
+                 read_budget: ReadBudget = NO_READ_BUDGET):
         self.db = db
+        self.read_budget = read_budget  # one page's reads, all of its reports together
         self.directory = directory
         self.clock = clock
         self.random_bytes = random_bytes
@@ -147,6 +150,14 @@ class Dashboard:
         _html(resp, render("message.html", title="Form expired", user=user,
                            message="This form is missing its security token or it has expired. "
                                    "Go back, reload the page and try again."), 403)
+
+    def _too_expensive(self, resp, exc: ReadBudgetExceeded, user: SignedIn | None,
+                       back: str) -> None:
+        """The page a read stopped at its budget shows instead of its figures."""
+        text = too_expensive(exc.seconds)
+        _html(resp, render("message.html", title="Too much to count", user=user,
+                           message=text[0].upper() + text[1:] + ".", back=back,
+                           back_text="Back to the last 30 days, unfiltered"), 422)
 
     def _signed_in_or_redirect(self, req, resp) -> SignedIn | None:
         user = self._session(req)
@@ -240,14 +251,21 @@ class Dashboard:
         now = self.clock()
         period = resolve({"period": "30d"}, utc_today(now))
         sites = self.users.sites_of(user.account_ids)
-        for site in sites:
-            reports = Reports(self.db, site["row_id"], now)
-            traffic = reports.get("aggregate", period.params()) or {}
-            revenue = reports.get("revenue", period.params())
-            currency = primary_currency(revenue)
-            site["visitors"] = traffic.get("visitors")
-            site["currency"] = currency
-            site["net"] = revenue["currencies"][currency]["net"] if currency else None
+        try:
+            with self.read_budget.of(self.db):
+                for site in sites:
+                    reports = Reports(self.db, site["row_id"], now)
+                    traffic = reports.get("aggregate", period.params()) or {}
+                    revenue = reports.get("revenue", period.params())
+                    currency = primary_currency(revenue)
+                    site["visitors"] = traffic.get("visitors")
+                    site["currency"] = currency
+                    site["net"] = revenue["currencies"][currency]["net"] if currency else None
+        except ReadBudgetExceeded:
+            for site in sites:  # the list, without the figures there was no time for
+                site.setdefault("visitors", None)
+                site.setdefault("currency", None)
+                site.setdefault("net", None)
         _html(resp, render("home.html", user=user, sites=sites, title="Your sites"))
 
     def _view(self, req, period_query: dict) -> tuple[Period | None, str | None]:
@@ -263,14 +281,20 @@ class Dashboard:
                    revenue: bool, shared: bool):
         query = self._query(req)
         period, error = self._view(req, query)
-        reports = Reports(self.db, site.id, self.clock())
+        # An anonymous viewer's filters are counted live (or read if stored), never stored.
+        reports = Reports(self.db, site.id, self.clock(), stores_segments=not shared)
         try:
-            figures = dashboard_figures(reports, period, filters=query["filters"],
-                                        goal=query["goal"], revenue=revenue)
-        except InvalidReportParameter as exc:
-            error = str(exc)
-            query["filters"] = query["goal"] = ""
-            figures = dashboard_figures(reports, period, filters="", goal="", revenue=revenue)
+            with self.read_budget.of(self.db):
+                try:
+                    figures = dashboard_figures(reports, period, filters=query["filters"],
+                                                goal=query["goal"], revenue=revenue)
+                except InvalidReportParameter as exc:
+                    error = str(exc)
+                    query["filters"] = query["goal"] = ""
+                    figures = dashboard_figures(reports, period, filters="", goal="",
+                                                revenue=revenue)
+        except ReadBudgetExceeded as exc:
+            return self._too_expensive(resp, exc, user, base)
         live = reports.has("realtime")
         if not live:
             reports._note("the realtime report (visitors in the last 5 minutes)")
@@ -302,7 +326,15 @@ class Dashboard:
 
     def _live(self, resp, site_id: int):
         reports = Reports(self.db, site_id, self.clock())
-        data = reports.get("realtime", {}) if reports.has("realtime") else None
+        try:
+            with self.read_budget.of(self.db):
+                data = reports.get("realtime", {}) if reports.has("realtime") else None
+        except ReadBudgetExceeded:
+            resp.status = 422
+            resp.content_type = "application/json"
+            resp.set_header("Cache-Control", "no-store")
+            resp.data = orjson.dumps({"visitors": None})
+            return
         resp.status = 200 if data is not None else 404
         resp.content_type = "application/json"
         resp.set_header("Cache-Control", "no-store")
@@ -337,14 +369,18 @@ class Dashboard:
             query["period"] = "12mo"
         period, error = self._view(req, query)
         reports = Reports(self.db, site.id, self.clock())
-        mrr = reports.get("mrr", {"at": period.end.isoformat()})
-        movements = reports.get("movements", period.params())
         by = req.get_param("by") or "channel"
         if by not in REVENUE_DIMENSIONS:
             by, error = "channel", error or f"by: must be one of {', '.join(REVENUE_DIMENSIONS)}"
         query["by"] = "" if by == "channel" else by
-        revenue = reports.get("revenue", {**period.params(), "by": query["by"]},
-                              what="revenue by any first-touch dimension (by=)")
+        try:
+            with self.read_budget.of(self.db):
+                mrr = reports.get("mrr", {"at": period.end.isoformat()})
+                movements = reports.get("movements", period.params())
+                revenue = reports.get("revenue", {**period.params(), "by": query["by"]},
+                                      what="revenue by any first-touch dimension (by=)")
+        except ReadBudgetExceeded as exc:
+            return self._too_expensive(resp, exc, user, f"/sites/{site_id}/revenue")
         by_supported = "revenue by any first-touch dimension (by=)" not in reports.missing
         if not by_supported:
             by = "channel"

@@ -13,7 +13,10 @@ import re
 import sqlite3
 import sys
 import threading
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
@@ -40,6 +43,63 @@ class StorageError(Exception):
 
 class StorageBusy(StorageError):
     """A transient condition: the write lock stayed taken past the bounded wait."""
+
+
+class ReadBudgetExceeded(Exception):
+    """A read ran past its budget (Database.read_budget) and its statement was stopped.
+
+    Not a StorageError: nothing is wrong with the database, and no caller may take it for
+    a failed write to skip and carry on."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"the read ran past its budget of {seconds:g} s and was stopped")
+        self.seconds = seconds
+
+
+# How often SQLite asks a read budget whether its time is up, in virtual-machine steps:
+# about every 0.6 ms of a scan here (some 16 million steps a second), at no cost that
+# bench/reads.py can tell from noise. A statement of fewer steps than MIN_CHECK_STEPS
+# (BEGIN, COMMIT, ROLLBACK, PRAGMA: under 50) is never stopped, so a transaction always
+# ends.
+READ_BUDGET_CHECK_STEPS = 10_000
+MIN_CHECK_STEPS = 100
+
+
+@dataclass(frozen=True)
+class ReadBudget:
+    """How long one read may take (Config.read_budget; None: no bound) and how often
+    SQLite checks; `of(db)` is the budget around a read of `db`."""
+
+    seconds: float | None
+    check_steps: int = READ_BUDGET_CHECK_STEPS
+
+    def of(self, db):
+        return db.read_budget(self.seconds, check_steps=self.check_steps)
+
+
+NO_READ_BUDGET = ReadBudget(None)
+
+
+class Budget:
+    """A deadline on this thread's statements, `seconds` after it starts."""
+
+    __slots__ = ("seconds", "clock", "deadline", "tripped")
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.seconds = seconds
+        self.clock = clock
+        self.deadline = clock() + seconds
+        self.tripped = False
+
+    def remaining(self) -> float:
+        return self.deadline - self.clock()
+
+    def passed(self) -> bool:
+        """True once the deadline has passed (and ever after): SQLite's progress handler,
+        whose true stops the running statement."""
+        if not self.tripped and self.clock() >= self.deadline:
+            self.tripped = True
+        return self.tripped
 
 
 def is_transient(exc: sqlite3.Error) -> bool:
@@ -158,6 +218,39 @@ class Database:
         """Nothing to give back: each thread keeps its SQLite connection (PostgreSQL's
         Database lends pooled ones and takes them back here)."""
 
+    @contextmanager
+    def read_budget(self, seconds: float | None, *,
+                    check_steps: int = READ_BUDGET_CHECK_STEPS,
+                    clock: Callable[[], float] = time.monotonic):
+        """Stop this thread's statements once `seconds` have passed: SQLite's progress
+        handler interrupts the running statement, which raises ReadBudgetExceeded out of
+        the block (None: no budget). Inside an outer budget, the outer one holds. A
+        transaction the stop cut short is rolled back, so nothing half-counted is kept."""
+        if seconds is None or getattr(self._local, "budget", None) is not None:
+            yield
+            return
+        conn = self.conn()
+        budget = Budget(seconds, clock)
+        self._local.budget = budget
+        conn.set_progress_handler(budget.passed, max(MIN_CHECK_STEPS, int(check_steps)))
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if budget.tripped and _interrupted(exc):
+                raise ReadBudgetExceeded(seconds) from exc
+            raise
+        finally:
+            conn.set_progress_handler(None, 0)
+            self._local.budget = None
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    def _error(self, exc: sqlite3.Error) -> Exception:
+        budget = getattr(self._local, "budget", None)
+        if budget is not None and budget.tripped and _interrupted(exc):
+            return ReadBudgetExceeded(budget.seconds)
+        return _storage_error(exc)
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
@@ -179,7 +272,7 @@ class Database:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                raise _storage_error(exc) from exc
+                raise self._error(exc) from exc
             raise
 
     @contextmanager
@@ -273,6 +366,11 @@ def _statements(script: str) -> list[str]:
             statements.append(buffer.strip())
             buffer = ""
     return [s for s in statements if s]
+
+
+def _interrupted(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code == sqlite3.SQLITE_INTERRUPT if code is not None else "interrupted" in str(exc)
 
 
 def _storage_error(exc: sqlite3.Error) -> StorageError:
