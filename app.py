@@ -29,9 +29,10 @@ from config import Config
 from dashboard.web import Dashboard
 from integrations.stripe.webhook import StripeWebhook
 from storage.backend import open_database
-from storage.db import Database, ReadBudget
+from storage.db import Database
 from storage.directory import Directory
 from storage.payments import PaymentStore
+from storage.reads import ReadPool
 from storage.stripe import StripeStore
 from tasks import Task, Tasks
 
@@ -101,11 +102,14 @@ class Tally:
         self.wsgi.add_route("/api/v1/customers/{customer_id}", CustomerRecord(self.auth, db))
         self.stripe_webhook = StripeWebhook(self.directory, StripeStore(db, clock))
         self.wsgi.add_route("/api/v1/integrations/stripe/{site_id}", self.stripe_webhook)
-        read_budget = ReadBudget(config.read_budget, config.read_budget_check_steps)
-        add_stats_routes(self.wsgi, self.auth, db, clock, config.flush_interval, read_budget)
+        # Every read over HTTP (a report, a dashboard page) runs on these, in its budget.
+        self.reads = ReadPool(db, config.read_budget, check_steps=config.read_budget_check_steps,
+                              threads=config.read_threads, nice=config.read_nice)
+        self.services.append(self.reads)
+        add_stats_routes(self.wsgi, self.auth, db, clock, self.reads, config.flush_interval)
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
         self.dashboard = Dashboard(config=config, db=db, directory=self.directory, clock=clock,
-                                   random_bytes=random_bytes, read_budget=read_budget)
+                                   random_bytes=random_bytes, reads=self.reads)
         self.dashboard.add_routes(self.wsgi)
         # Every background duty of a worker, besides the events flush.
         self.tasks = Tasks([

@@ -41,10 +41,16 @@ class Config:
     retention_days: int | None = None
     # Seconds of database time one HTTP read (a Stats API report, a dashboard page) may
     # take before it is stopped and answered 422 query_too_expensive (None: no bound).
-    read_budget: float | None = 2.0
+    # The service's default is READ_BUDGET (from_env); a Config built in code (a test, a
+    # tool) has no bound unless it asks for one, so no figure depends on a machine's load.
+    read_budget: float | None = None
     # SQLite virtual-machine steps between two checks of a read's budget (tuning, set in
     # code; storage.db.READ_BUDGET_CHECK_STEPS).
-    read_budget_check_steps: int = 10_000
+    read_budget_check_steps: int = 100_000
+    # Each worker's threads for reads, and how much lower their CPU priority is than the
+    # request threads' (storage/reads.py; tuning, set in code).
+    read_threads: int = 2
+    read_nice: int = 10
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -64,7 +70,7 @@ class Config:
             log_format=_choice(env, "TALLY_LOG_FORMAT", ("text", "json"), defaults.log_format),
             metrics_token=_metrics_token(env),
             retention_days=_positive_int(env, "TALLY_RETENTION_DAYS", None),
-            read_budget=_positive_float(env, "TALLY_READ_BUDGET", defaults.read_budget),
+            read_budget=_positive_float(env, "TALLY_READ_BUDGET", READ_BUDGET),
         )
 
 
@@ -83,6 +89,9 @@ def _networks(env: Mapping[str, str], name: str, default: tuple) -> tuple:
             raise ConfigError(f"{name}: {item!r} is not an IP address or CIDR") from None
     return tuple(networks)
 
+
+# Seconds one read over HTTP may take in the service (TALLY_READ_BUDGET's default).
+READ_BUDGET = 2.0
 
 # A queue smaller than one request's batch refuses every such request forever (503); the
 # top bounds the memory a worker may hold (events of at most 8 KB bodies / 50 events).

@@ -24,8 +24,9 @@ from quota.usage import account_usage, month_of
 from reports.money import dumps
 from reports.params import InvalidReportParameter, utc_today
 from reports.service import too_expensive
-from storage.db import NO_READ_BUDGET, Database, ReadBudget, ReadBudgetExceeded
+from storage.db import Database, ReadBudgetExceeded
 from storage.directory import Directory, InvalidArgument, SiteRecord
+from storage.reads import ReadPool, ReadsBusy
 from storage.shares import SharedLinks
 from storage.site_settings import SiteSettings
 from storage.users import SignedIn, Users, normalize_email
@@ -99,9 +100,9 @@ def _local_path(target: str | None) -> str:
 class Dashboard:
     def __init__(self, *, config, db: Database, directory: Directory,
                  clock: Callable[[], float], random_bytes: Callable[[int], bytes],
-                 read_budget: ReadBudget = NO_READ_BUDGET):
+                 reads: ReadPool):
         self.db = db
-        self.read_budget = read_budget  # one page's reads, all of its reports together
+        self.reads = reads  # where a page's reports run, all in one read budget
         self.directory = directory
         self.clock = clock
         self.random_bytes = random_bytes
@@ -151,13 +152,22 @@ class Dashboard:
                            message="This form is missing its security token or it has expired. "
                                    "Go back, reload the page and try again."), 403)
 
-    def _too_expensive(self, resp, exc: ReadBudgetExceeded, user: SignedIn | None,
-                       back: str) -> None:
-        """The page a read stopped at its budget shows instead of its figures."""
-        text = too_expensive(exc.seconds)
-        _html(resp, render("message.html", title="Too much to count", user=user,
-                           message=text[0].upper() + text[1:] + ".", back=back,
-                           back_text="Back to the last 30 days, unfiltered"), 422)
+    def _read(self, resp, read: Callable[[], object], user: SignedIn | None, back: str):
+        """(True, read()) run on a read thread within the budget; or (False, None) with
+        the page written that says why there are no figures."""
+        try:
+            return True, self.reads.run(read)
+        except ReadBudgetExceeded as exc:
+            text = too_expensive(exc.seconds)
+            _html(resp, render("message.html", title="Too much to count", user=user,
+                               message=text[0].upper() + text[1:] + ".", back=back,
+                               back_text="Back to the last 30 days, unfiltered"), 422)
+        except ReadsBusy:
+            resp.set_header("Retry-After", "2")
+            _html(resp, render("message.html", title="Busy", user=user,
+                               message="Tally is busy counting other reports. Reload the page"
+                                       " in a few seconds.", back=None), 503)
+        return False, None
 
     def _signed_in_or_redirect(self, req, resp) -> SignedIn | None:
         user = self._session(req)
@@ -251,17 +261,19 @@ class Dashboard:
         now = self.clock()
         period = resolve({"period": "30d"}, utc_today(now))
         sites = self.users.sites_of(user.account_ids)
+        def figures() -> None:
+            for site in sites:
+                reports = Reports(self.db, site["row_id"], now)
+                traffic = reports.get("aggregate", period.params()) or {}
+                revenue = reports.get("revenue", period.params())
+                currency = primary_currency(revenue)
+                site["visitors"] = traffic.get("visitors")
+                site["currency"] = currency
+                site["net"] = revenue["currencies"][currency]["net"] if currency else None
+
         try:
-            with self.read_budget.of(self.db):
-                for site in sites:
-                    reports = Reports(self.db, site["row_id"], now)
-                    traffic = reports.get("aggregate", period.params()) or {}
-                    revenue = reports.get("revenue", period.params())
-                    currency = primary_currency(revenue)
-                    site["visitors"] = traffic.get("visitors")
-                    site["currency"] = currency
-                    site["net"] = revenue["currencies"][currency]["net"] if currency else None
-        except ReadBudgetExceeded:
+            self.reads.run(figures)
+        except (ReadBudgetExceeded, ReadsBusy):
             for site in sites:  # the list, without the figures there was no time for
                 site.setdefault("visitors", None)
                 site.setdefault("currency", None)
@@ -283,18 +295,21 @@ class Dashboard:
         period, error = self._view(req, query)
         # An anonymous viewer's filters are counted live (or read if stored), never stored.
         reports = Reports(self.db, site.id, self.clock(), stores_segments=not shared)
-        try:
-            with self.read_budget.of(self.db):
-                try:
-                    figures = dashboard_figures(reports, period, filters=query["filters"],
-                                                goal=query["goal"], revenue=revenue)
-                except InvalidReportParameter as exc:
-                    error = str(exc)
-                    query["filters"] = query["goal"] = ""
-                    figures = dashboard_figures(reports, period, filters="", goal="",
-                                                revenue=revenue)
-        except ReadBudgetExceeded as exc:
-            return self._too_expensive(resp, exc, user, base)
+
+        def figures() -> tuple[dict, str | None]:
+            try:
+                return dashboard_figures(reports, period, filters=query["filters"],
+                                         goal=query["goal"], revenue=revenue), None
+            except InvalidReportParameter as exc:
+                query["filters"] = query["goal"] = ""
+                return dashboard_figures(reports, period, filters="", goal="",
+                                         revenue=revenue), str(exc)
+
+        done, answer = self._read(resp, figures, user, base)
+        if not done:
+            return
+        figures, refused = answer
+        error = refused or error
         live = reports.has("realtime")
         if not live:
             reports._note("the realtime report (visitors in the last 5 minutes)")
@@ -327,10 +342,10 @@ class Dashboard:
     def _live(self, resp, site_id: int):
         reports = Reports(self.db, site_id, self.clock())
         try:
-            with self.read_budget.of(self.db):
-                data = reports.get("realtime", {}) if reports.has("realtime") else None
-        except ReadBudgetExceeded:
-            resp.status = 422
+            data = self.reads.run(
+                lambda: reports.get("realtime", {}) if reports.has("realtime") else None)
+        except (ReadBudgetExceeded, ReadsBusy) as exc:
+            resp.status = 422 if isinstance(exc, ReadBudgetExceeded) else 503
             resp.content_type = "application/json"
             resp.set_header("Cache-Control", "no-store")
             resp.data = orjson.dumps({"visitors": None})
@@ -373,14 +388,15 @@ class Dashboard:
         if by not in REVENUE_DIMENSIONS:
             by, error = "channel", error or f"by: must be one of {', '.join(REVENUE_DIMENSIONS)}"
         query["by"] = "" if by == "channel" else by
-        try:
-            with self.read_budget.of(self.db):
-                mrr = reports.get("mrr", {"at": period.end.isoformat()})
-                movements = reports.get("movements", period.params())
-                revenue = reports.get("revenue", {**period.params(), "by": query["by"]},
-                                      what="revenue by any first-touch dimension (by=)")
-        except ReadBudgetExceeded as exc:
-            return self._too_expensive(resp, exc, user, f"/sites/{site_id}/revenue")
+        done, answer = self._read(resp, lambda: (
+            reports.get("mrr", {"at": period.end.isoformat()}),
+            reports.get("movements", period.params()),
+            reports.get("revenue", {**period.params(), "by": query["by"]},
+                        what="revenue by any first-touch dimension (by=)")),
+            user, f"/sites/{site_id}/revenue")
+        if not done:
+            return
+        mrr, movements, revenue = answer
         by_supported = "revenue by any first-touch dimension (by=)" not in reports.missing
         if not by_supported:
             by = "channel"

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
@@ -57,38 +56,26 @@ class ReadBudgetExceeded(Exception):
 
 
 # How often SQLite asks a read budget whether its time is up, in virtual-machine steps:
-# about every 0.6 ms of a scan here (some 16 million steps a second), at no cost that
-# bench/reads.py can tell from noise. A statement of fewer steps than MIN_CHECK_STEPS
-# (BEGIN, COMMIT, ROLLBACK, PRAGMA: under 50) is never stopped, so a transaction always
-# ends.
-READ_BUDGET_CHECK_STEPS = 10_000
+# about every 6 ms of a scan here (some 16 million steps a second). Each check takes the
+# GIL, which the threads taking in events want too: checking ten times as often cost
+# them more latency under load (bench/reads.py) and gained nothing but a finer stop.
+# A statement of fewer steps than MIN_CHECK_STEPS (BEGIN, COMMIT, ROLLBACK, PRAGMA: under
+# 50) is never stopped, so a transaction always ends.
+READ_BUDGET_CHECK_STEPS = 100_000
 MIN_CHECK_STEPS = 100
 
 
-@dataclass(frozen=True)
-class ReadBudget:
-    """How long one read may take (Config.read_budget; None: no bound) and how often
-    SQLite checks; `of(db)` is the budget around a read of `db`."""
-
-    seconds: float | None
-    check_steps: int = READ_BUDGET_CHECK_STEPS
-
-    def of(self, db):
-        return db.read_budget(self.seconds, check_steps=self.check_steps)
-
-
-NO_READ_BUDGET = ReadBudget(None)
-
-
 class Budget:
-    """A deadline on this thread's statements, `seconds` after it starts."""
+    """A deadline on this thread's statements, `seconds` after it starts (or `since`, an
+    earlier reading of `clock`: when the read was asked for)."""
 
     __slots__ = ("seconds", "clock", "deadline", "tripped")
 
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic,
+                 since: float | None = None):
         self.seconds = seconds
         self.clock = clock
-        self.deadline = clock() + seconds
+        self.deadline = (clock() if since is None else since) + seconds
         self.tripped = False
 
     def remaining(self) -> float:
@@ -221,16 +208,17 @@ class Database:
     @contextmanager
     def read_budget(self, seconds: float | None, *,
                     check_steps: int = READ_BUDGET_CHECK_STEPS,
-                    clock: Callable[[], float] = time.monotonic):
-        """Stop this thread's statements once `seconds` have passed: SQLite's progress
-        handler interrupts the running statement, which raises ReadBudgetExceeded out of
-        the block (None: no budget). Inside an outer budget, the outer one holds. A
-        transaction the stop cut short is rolled back, so nothing half-counted is kept."""
+                    clock: Callable[[], float] = time.monotonic, since: float | None = None):
+        """Stop this thread's statements once `seconds` have passed (since `since`, a
+        reading of `clock`, or now): SQLite's progress handler interrupts the running
+        statement, which raises ReadBudgetExceeded out of the block (None: no budget).
+        Inside an outer budget, the outer one holds. A transaction the stop cut short is
+        rolled back, so nothing half-counted is kept."""
         if seconds is None or getattr(self._local, "budget", None) is not None:
             yield
             return
         conn = self.conn()
-        budget = Budget(seconds, clock)
+        budget = Budget(seconds, clock, since)
         self._local.budget = budget
         conn.set_progress_handler(budget.passed, max(MIN_CHECK_STEPS, int(check_steps)))
         try:

@@ -587,8 +587,9 @@ class PostgresDatabase:
     @contextmanager
     def read_budget(self, seconds: float | None, *,
                     check_steps: int = READ_BUDGET_CHECK_STEPS,
-                    clock: Callable[[], float] = time.monotonic):
-        """Stop this thread's statements once `seconds` have passed: the server cancels a
+                    clock: Callable[[], float] = time.monotonic, since: float | None = None):
+        """Stop this thread's statements once `seconds` have passed (since `since`, a
+        reading of `clock`, or now): the server cancels a
         statement at statement_timeout (the time left), and none starts after the deadline;
         either raises ReadBudgetExceeded out of the block (None: no budget). Inside an
         outer budget, the outer one holds. On the way out the lent connection gets its own
@@ -598,7 +599,7 @@ class PostgresDatabase:
         if seconds is None or getattr(local, "budget", None) is not None:
             yield
             return
-        budget = Budget(seconds, clock)
+        budget = Budget(seconds, clock, since)
         local.budget = budget
         try:
             self.conn().start_budget(budget)

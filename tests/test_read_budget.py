@@ -9,15 +9,19 @@ against a statement that would run for many minutes: no outcome depends on timin
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
 import pytest
 import webtest
 
 from app import create_app
 from config import Config, ConfigError
 from reports.service import too_expensive
-from storage.backend import open_database
 from storage.db import ReadBudgetExceeded
 from storage.dialect import dialect
+from storage.reads import ReadPool, ReadsBusy
 from tests import dashboard_seed as seed
 from tests.conftest import FakeClock, bearer, config_for, copy_database, rows
 
@@ -84,8 +88,48 @@ def test_within_a_budget_an_inner_one_changes_nothing(store):
                 store.conn().execute(FOREVER).fetchone()
 
 
+def test_reads_run_on_threads_of_lower_priority_and_wait_within_their_budget(store):
+    """A read that found every read thread taken for its whole budget is not started:
+    ReadsBusy (503), not "too expensive"."""
+    clock = FakeClock(0)
+    pool = ReadPool(store, 1.0, threads=1, nice=10, clock=clock)
+    try:
+        here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        assert pool.run(lambda: os.getpriority(
+            os.PRIO_PROCESS, threading.get_native_id())) == min(19, here + 10)
+        assert pool.run(lambda: store.conn().execute("SELECT 1").fetchone()[0]) == 1
+        holding, release = threading.Event(), threading.Event()
+        answers = []
+
+        def second() -> None:
+            try:
+                answers.append(pool.run(lambda: "counted"))
+            except ReadsBusy as exc:
+                answers.append(exc)
+
+        first = threading.Thread(target=pool.run, args=(
+            lambda: holding.set() or release.wait(30),))
+        first.start()
+        assert holding.wait(30)
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while pool._asked < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        clock.advance(1.5)  # its budget passes while the only thread is taken
+        release.set()
+        first.join(30)
+        waiting.join(30)
+        assert len(answers) == 1 and isinstance(answers[0], ReadsBusy)
+        assert pool.run(lambda: "counted") == "counted"  # a free thread: it runs
+    finally:
+        release.set()
+        pool.stop()
+
+
 def test_the_read_budget_setting():
-    assert Config().read_budget == 2.0
+    assert Config.from_env({}).read_budget == 2.0  # the service's default
+    assert Config().read_budget is None  # built in code: no bound unless asked
     assert Config.from_env({"TALLY_READ_BUDGET": "0.5"}).read_budget == 0.5
     for bad in ("0", "-1", "soon", "3601"):
         with pytest.raises(ConfigError, match="TALLY_READ_BUDGET"):
@@ -114,31 +158,33 @@ def stored(db: str) -> dict[str, int]:
 
 def test_a_report_past_its_budget_is_422_and_the_next_request_is_served(world):
     made, db, now = world
-    database = open_database(config_for(db))
     clock = FakeClock(now + 3 * 86_400)
-    tight = webtest.TestApp(create_app(
-        config_for(db, read_budget=0.0, read_budget_check_steps=100), db=database, clock=clock))
-    free = webtest.TestApp(create_app(config_for(db, read_budget=None), db=database,
-                                      clock=clock))
+    tally = create_app(config_for(db, read_budget=0.0, read_budget_check_steps=100,
+                                  read_threads=1), clock=clock)
+    client = webtest.TestApp(tally)
     headers = bearer(made["a"]["key"])
     paths = ("/api/v1/stats/timeseries?interval=hour&compare=previous_period"
              "&filters=page~a|e;source~o",
              "/api/v1/stats/aggregate",
              "/api/v1/stats/breakdown?by=page&filters=page~e;device==desktop")
     before = stored(db)
-    for path in paths:
-        answer = tight.get(path, headers=headers, status=422)
-        assert answer.json == {"ok": False, "error": {
-            "code": "query_too_expensive", "message": too_expensive(0.0)}}
-        assert "narrow it" in answer.json["error"]["message"]
-    assert stored(db) == before  # nothing half-counted kept
-    conn = database.conn()
-    assert not conn.in_transaction
-    served = {path: free.get(path, headers=headers, status=200).json for path in paths}
-    assert served[paths[1]]["data"]["visitors"] > 0
-    database.close()
+    try:
+        for path in paths:
+            answer = client.get(path, headers=headers, status=422)
+            assert answer.json == {"ok": False, "error": {
+                "code": "query_too_expensive", "message": too_expensive(0.0)}}
+            assert "narrow it" in answer.json["error"]["message"]
+        assert stored(db) == before  # nothing half-counted kept
+        # The read thread's connection, as the stops left it, serves the next reads.
+        tally.reads.seconds = None
+        assert tally.reads.run(lambda: tally.db.conn().in_transaction) is False
+        assert tally.reads.run(lambda: statement_timeout(tally.db)) in (None, "0")
+        served = {path: client.get(path, headers=headers, status=200).json for path in paths}
+        assert served[paths[1]]["data"]["visitors"] > 0
+    finally:
+        tally.stop(timeout=5)
 
-    restarted = create_app(config_for(db), clock=clock)  # the default budget, a new process
+    restarted = create_app(config_for(db), clock=clock)  # a new process, on what was stored
     try:
         again = webtest.TestApp(restarted)
         for path in paths:
