@@ -47,9 +47,10 @@ class Config:
     # SQLite virtual-machine steps between two checks of a read's budget (tuning, set in
     # code; storage.db.READ_BUDGET_CHECK_STEPS).
     read_budget_check_steps: int = 100_000
-    # Each worker's threads for reads, and how much lower their CPU priority is than the
-    # request threads' (storage/reads.py; tuning, set in code).
-    read_threads: int = 2
+    # Each worker's threads for the reads of users and keys, and as many for shared links'
+    # anonymous viewers, and how much lower their CPU priority is than the request
+    # threads' (storage/reads.py; tuning, set in code).
+    read_threads: int = 1
     read_nice: int = 10
 
     @classmethod

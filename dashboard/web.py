@@ -100,9 +100,11 @@ def _local_path(target: str | None) -> str:
 class Dashboard:
     def __init__(self, *, config, db: Database, directory: Directory,
                  clock: Callable[[], float], random_bytes: Callable[[int], bytes],
-                 reads: ReadPool):
+                 reads: ReadPool, anonymous_reads: ReadPool):
         self.db = db
-        self.reads = reads  # where a page's reports run, all in one read budget
+        # Where a page's reports run, all in one read budget: a user's, or a shared link's.
+        self.reads = reads
+        self.anonymous_reads = anonymous_reads
         self.directory = directory
         self.clock = clock
         self.random_bytes = random_bytes
@@ -156,7 +158,7 @@ class Dashboard:
         """(True, read()) run on a read thread within the budget; or (False, None) with
         the page written that says why there are no figures."""
         try:
-            return True, self.reads.run(read)
+            return True, (self.reads if user else self.anonymous_reads).run(read)
         except ReadBudgetExceeded as exc:
             text = too_expensive(exc.seconds)
             _html(resp, render("message.html", title="Too much to count", user=user,
@@ -339,10 +341,10 @@ class Dashboard:
         self._dashboard(req, resp, site=site, user=None, base=f"/share/{token}",
                         revenue=link.revenue, shared=True)
 
-    def _live(self, resp, site_id: int):
+    def _live(self, resp, site_id: int, reads: ReadPool):
         reports = Reports(self.db, site_id, self.clock())
         try:
-            data = self.reads.run(
+            data = reads.run(
                 lambda: reports.get("realtime", {}) if reports.has("realtime") else None)
         except (ReadBudgetExceeded, ReadsBusy) as exc:
             resp.status = 422 if isinstance(exc, ReadBudgetExceeded) else 503
@@ -363,7 +365,7 @@ class Dashboard:
             resp.content_type = "application/json"
             resp.data = orjson.dumps({"visitors": None})
             return
-        self._live(resp, site.id)
+        self._live(resp, site.id, self.reads)
 
     def on_get_share_live(self, req, resp, token):
         link = self.shares.find(token) if len(token) <= 100 else None
@@ -372,7 +374,7 @@ class Dashboard:
             resp.content_type = "application/json"
             resp.data = orjson.dumps({"visitors": None})
             return
-        self._live(resp, link.site_id)
+        self._live(resp, link.site_id, self.anonymous_reads)
 
     def on_get_revenue(self, req, resp, site_id):
         own = self._own_site(req, resp, site_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from reports.days import TrafficDays, _day_bounds
 from reports.filters import Filter, Goal, segment_key
@@ -96,7 +96,8 @@ class SegmentDays(TrafficDays):
             self._span = (start, end)
         return self._segment
 
-    def _count_runs(self, days, count, store):
+    def _count_runs(self, days: list[int], count: Callable[[int, int], dict[int, object]],
+                    store: Callable[[sqlite3.Connection, int, object], None]) -> dict[int, object]:
         if days:  # match the `~` filters once, over all the days to count
             self.segment(min(days), max(days))
         return super()._count_runs(days, count, store)

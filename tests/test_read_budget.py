@@ -232,3 +232,26 @@ def test_dashboard_and_shared_pages_past_the_budget_say_how_to_narrow(world):
         assert "Too much to count" not in page.text
     finally:
         served.stop(timeout=5)
+
+
+def test_shared_link_viewers_cannot_take_the_owners_read_threads(world):
+    """Reads of shared links run on threads of their own: with those all taken, the
+    site's key is still served."""
+    made, db, now = world
+    tally = create_app(config_for(db, read_threads=1), clock=FakeClock(now))
+    holding, release = threading.Event(), threading.Event()
+    viewer = threading.Thread(target=tally.anonymous_reads.run,
+                              args=(lambda: holding.set() or release.wait(60),))
+    try:
+        viewer.start()
+        assert holding.wait(30)
+        answers = []
+        owner = threading.Thread(target=lambda: answers.append(webtest.TestApp(tally).get(
+            "/api/v1/stats/aggregate", headers=bearer(made["a"]["key"])).status_int))
+        owner.start()
+        owner.join(30)
+        assert answers == [200]
+    finally:
+        release.set()
+        viewer.join(30)
+        tally.stop(timeout=5)
