@@ -55,6 +55,9 @@ class ReadPool:
 
     def run(self, read: Callable[[], T]) -> T:
         asked = self.clock()
+        # The caller waits without a connection: on PostgreSQL one held while waiting would
+        # be one less in the pool for the requests taking in events.
+        self.db.release()
         pool = self._pool()
         with self._lock:
             waits = self._asked >= self.threads  # every thread taken: it queues
