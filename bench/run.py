@@ -397,7 +397,7 @@ class Bench:
 
         self.close()  # its own service on its own database, the machine otherwise quiet
         options = SimpleNamespace(
-            events=100_000 if self.quick else 1_000_000, budget=2.0, workers=self.workers,
+            events=100_000 if self.quick else 1_000_000, budget=None, workers=self.workers,
             duration=self.load.duration, rate=200, rounds=1 if self.quick else 3, alone=True,
             unbounded=not self.quick, postgres_url=self.postgres_url)
         return reads.run_backend(self.backend, options, self.folder,

@@ -128,7 +128,7 @@ def test_reads_run_on_threads_of_lower_priority_and_wait_within_their_budget(sto
 
 
 def test_the_read_budget_setting():
-    assert Config.from_env({}).read_budget == 2.0  # the service's default
+    assert Config.from_env({}).read_budget == 1.8  # the service's default
     assert Config().read_budget is None  # built in code: no bound unless asked
     assert Config.from_env({"TALLY_READ_BUDGET": "0.5"}).read_budget == 0.5
     for bad in ("0", "-1", "soon", "3601"):
