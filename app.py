@@ -32,6 +32,7 @@ from storage.backend import open_database
 from storage.db import Database
 from storage.directory import Directory
 from storage.payments import PaymentStore
+from storage.reads import ReadPool
 from storage.stripe import StripeStore
 from tasks import Task, Tasks
 
@@ -102,10 +103,18 @@ class Tally:
         self.wsgi.add_route("/api/v1/customers/{customer_id}", CustomerRecord(self.auth, db))
         self.stripe_webhook = StripeWebhook(self.directory, StripeStore(db, clock))
         self.wsgi.add_route("/api/v1/integrations/stripe/{site_id}", self.stripe_webhook)
-        add_stats_routes(self.wsgi, self.auth, db, clock, config.flush_interval)
+        # Every read over HTTP (a report, a dashboard page) runs on these, in its budget:
+        # the site's own users and keys on one set of threads, shared links' anonymous
+        # viewers on another, so they cannot take the owner's.
+        self.reads, self.anonymous_reads = (
+            ReadPool(db, config.read_budget, check_steps=config.read_budget_check_steps,
+                     threads=config.read_threads, nice=config.read_nice) for _ in range(2))
+        self.services += [self.reads, self.anonymous_reads]
+        add_stats_routes(self.wsgi, self.auth, db, clock, self.reads, config.flush_interval)
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
         self.dashboard = Dashboard(config=config, db=db, directory=self.directory, clock=clock,
-                                   random_bytes=random_bytes)
+                                   random_bytes=random_bytes, reads=self.reads,
+                                   anonymous_reads=self.anonymous_reads)
         self.dashboard.add_routes(self.wsgi)
         # Every background duty of a worker, besides the events flush.
         self.tasks = Tasks([

@@ -47,6 +47,19 @@ class Config:
     keyed_reserve_percent: int = 10
     # Tuning, set in code: distinct user ids one visitor's browser may identify as a day.
     identifies_per_visitor: int = 5
+    # Seconds of database time one HTTP read (a Stats API report, a dashboard page) may
+    # take before it is stopped and answered 422 query_too_expensive (None: no bound).
+    # The service's default is READ_BUDGET (from_env); a Config built in code (a test, a
+    # tool) has no bound unless it asks for one, so no figure depends on a machine's load.
+    read_budget: float | None = None
+    # SQLite virtual-machine steps between two checks of a read's budget (tuning, set in
+    # code; storage.db.READ_BUDGET_CHECK_STEPS).
+    read_budget_check_steps: int = 100_000
+    # Each worker's threads for the reads of users and keys, and as many for shared links'
+    # anonymous viewers, and how much lower their CPU priority is than the request
+    # threads' (storage/reads.py; tuning, set in code).
+    read_threads: int = 1
+    read_nice: int = 10
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -72,6 +85,7 @@ class Config:
             keyed_reserve_percent=_int_between(env, "TALLY_KEYED_RESERVE",
                                                defaults.keyed_reserve_percent, (0, 100),
                                                "no reserve"),
+            read_budget=_positive_float(env, "TALLY_READ_BUDGET", READ_BUDGET),
         )
 
 
@@ -90,6 +104,11 @@ def _networks(env: Mapping[str, str], name: str, default: tuple) -> tuple:
             raise ConfigError(f"{name}: {item!r} is not an IP address or CIDR") from None
     return tuple(networks)
 
+
+# Seconds one read over HTTP may take in the service (TALLY_READ_BUDGET's default): on an
+# idle machine a read's thread uses about as much CPU as time, and the worst read the
+# limits allow must cost at most 2 s of CPU with its request (bench/reads.py).
+READ_BUDGET = 1.8
 
 # A queue smaller than one request's batch refuses every such request forever (503); the
 # top bounds the memory a worker may hold (events of at most 8 KB bodies / 50 events).

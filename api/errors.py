@@ -7,7 +7,8 @@ import logging
 import falcon
 import orjson
 
-from storage.db import StorageBusy
+from reports.service import too_expensive
+from storage.db import ReadBudgetExceeded, StorageBusy
 
 log = logging.getLogger("tally")
 
@@ -112,6 +113,18 @@ def handle_storage_busy(req, resp, exc: StorageBusy, params) -> None:
     _write(resp, busy.status, busy.code, busy.message, busy.headers)
 
 
+def query_too_expensive(seconds: float) -> ApiError:
+    """A read stopped at its budget (Config.read_budget): a retry of the same request costs
+    the same, so it is not a 503 that clients retry, but 422 with how to narrow it."""
+    return ApiError(422, "query_too_expensive", too_expensive(seconds))
+
+
+def handle_read_budget(req, resp, exc: ReadBudgetExceeded, params) -> None:
+    log.info("%s %s: stopped at its read budget of %g s", req.method, req.path, exc.seconds)
+    error = query_too_expensive(exc.seconds)
+    _write(resp, error.status, error.code, error.message, error.headers)
+
+
 def handle_unexpected(req, resp, exc: Exception, params) -> None:
     log.error("unhandled error on %s %s", req.method, req.path, exc_info=exc)
     _write(resp, 500, "internal_error", "internal server error", {})
@@ -122,3 +135,4 @@ def install(app: falcon.App) -> None:
     app.add_error_handler(falcon.HTTPError, handle_http_error)
     app.add_error_handler(ApiError, handle_api_error)
     app.add_error_handler(StorageBusy, handle_storage_busy)
+    app.add_error_handler(ReadBudgetExceeded, handle_read_budget)

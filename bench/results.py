@@ -311,6 +311,28 @@ def table_rows(doc: dict) -> list[list[str]]:
                      f"{_fmt(slow['max_ms'], 1)} ms"])
     elif slow is not None:
         add("slow clients", slow)
+    reads = s.get("reads")
+    if _ok(reads):
+        alone = [run for worst in reads.get("worst", []) for run in worst["runs"]]
+        if alone:
+            most = max(alone, key=lambda r: r["server_cpu_s"] + r.get("database_cpu_s", 0))
+            rows.append(["worst read within the limits, alone", "-", "-",
+                         _fmt(most["wall_s"] * 1000, 1), "-", "-", "-",
+                         f"at most {most['server_cpu_s']} s worker CPU"
+                         + (f" + {most['database_cpu_s']} s database" if "database_cpu_s"
+                            in most else "")
+                         + f", answered {most['status']}; budget {reads['budget_s']} s; "
+                         f"{reads['data']['events']:,} events"])
+        ingest = reads.get("ingest") or {}
+        if ingest:
+            rows.append(["events p99 quiet / with 10 worst reads", "-", "-",
+                         _fmt(ingest["quiet_p50_ms_median"], 1),
+                         _fmt(ingest["with_10_worst_reads_p99_ms_median"], 1), "-", "-",
+                         f"quiet p99 {_fmt(ingest['quiet_p99_ms_median'], 1)} ms; ratio "
+                         f"{ingest['p99_ratio_of_medians']} (medians of "
+                         f"{len(ingest['rounds'])} rounds at {_fmt(ingest['rate_rps'])} req/s)"])
+    elif reads is not None:
+        add("read abuse", reads)
     hostile = s.get("hostile")
     if _ok(hostile):
         for case in hostile["cases"]:

@@ -84,13 +84,13 @@ BATCH_LADDERS = {"sqlite": BATCH_LADDER,
                  "postgres": (2_500, 5_000, 7_500, 10_000, 15_000, 20_000, 30_000, 40_000,
                               50_000, 60_000, 80_000, 100_000)}
 SCENARIOS = ("ceiling", "single", "collect", "batches", "payments", "slow_clients", "sqlite",
-             "postgres", "flusher", "reports", "hostile")
+             "postgres", "flusher", "reports", "hostile", "reads")
 # What each backend runs, of those asked for: SQLite everything but PostgreSQL's raw insert;
 # PostgreSQL what depends on the database (the ceiling, the slow clients and the parsers
 # do not).
 BACKEND_SCENARIOS = {
     "sqlite": tuple(name for name in SCENARIOS if name != "postgres"),
-    "postgres": ("single", "batches", "payments", "postgres", "flusher", "reports"),
+    "postgres": ("single", "batches", "payments", "postgres", "flusher", "reports", "reads"),
 }
 BACKENDS = tuple(BACKEND_SCENARIOS)
 POSTGRES_URL = (os.environ.get("TALLY_BENCH_DATABASE_URL")
@@ -390,6 +390,21 @@ class Bench:
                 "what": "GET each report 3 times through gunicorn; seconds is the median; "
                         "for stats_v2, runs_s[0] is the first time (final days counted and "
                         "stored) and runs_s[1:] answer from stored days"}
+
+    def reads(self) -> dict:
+        """The worst reads within the documented limits, alone and ten at once against
+        ingestion (bench/reads.py, which runs alone too: make bench-reads)."""
+        from types import SimpleNamespace
+
+        from bench import reads
+
+        self.close()  # its own service on its own database, the machine otherwise quiet
+        options = SimpleNamespace(
+            events=100_000 if self.quick else 1_000_000, budget=None, workers=self.workers,
+            duration=self.load.duration, rate=200, rounds=1 if self.quick else 3, alone=True,
+            unbounded=not self.quick, postgres_url=self.postgres_url)
+        return reads.run_backend(self.backend, options, self.folder,
+                                 lambda line: print(line, file=sys.stderr, flush=True))
 
     def close(self) -> None:
         """Stop the service (the databases stay, for the scenarios after)."""

@@ -66,6 +66,7 @@ class Reports:
     db: Database
     site_id: int
     now: float
+    stores_segments: bool = True  # False for an anonymous viewer (a shared link)
     missing: list[str] = field(default_factory=list)
 
     def has(self, name: str) -> bool:
@@ -77,7 +78,8 @@ class Reports:
             return None
         clean = {k: v for k, v in params.items() if v not in (None, "")}
         try:
-            return run_report(name, self.db, self.site_id, clean, self.now)
+            return run_report(name, self.db, self.site_id, clean, self.now,
+                              stores_segments=self.stores_segments)
         except InvalidReportParameter as exc:
             unknown = [k for k in clean if f"unknown parameter {k!r}" in str(exc)]
             if not unknown:

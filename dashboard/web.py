@@ -24,8 +24,10 @@ from dashboard.render import render, static_file
 from quota.usage import account_usage, month_of
 from reports.money import dumps
 from reports.params import InvalidReportParameter, utc_today
-from storage.db import Database
+from reports.service import too_expensive
+from storage.db import Database, ReadBudgetExceeded
 from storage.directory import Directory, InvalidArgument, SiteRecord
+from storage.reads import ReadPool, ReadsBusy
 from storage.shares import SharedLinks
 from storage.site_settings import SiteSettings
 from storage.users import SignedIn, Users, normalize_email
@@ -106,8 +108,12 @@ def _local_path(target: str | None) -> str:
 
 class Dashboard:
     def __init__(self, *, config, db: Database, directory: Directory,
-                 clock: Callable[[], float], random_bytes: Callable[[int], bytes]):
+                 clock: Callable[[], float], random_bytes: Callable[[int], bytes],
+                 reads: ReadPool, anonymous_reads: ReadPool):
         self.db = db
+        # Where a page's reports run, all in one read budget: a user's, or a shared link's.
+        self.reads = reads
+        self.anonymous_reads = anonymous_reads
         self.directory = directory
         self.clock = clock
         self.random_bytes = random_bytes
@@ -156,6 +162,23 @@ class Dashboard:
         _html(resp, render("message.html", title="Form expired", user=user,
                            message="This form is missing its security token or it has expired. "
                                    "Go back, reload the page and try again."), 403)
+
+    def _read(self, resp, read: Callable[[], object], user: SignedIn | None, back: str):
+        """(True, read()) run on a read thread within the budget; or (False, None) with
+        the page written that says why there are no figures."""
+        try:
+            return True, (self.reads if user else self.anonymous_reads).run(read)
+        except ReadBudgetExceeded as exc:
+            text = too_expensive(exc.seconds)
+            _html(resp, render("message.html", title="Too much to count", user=user,
+                               message=text[0].upper() + text[1:] + ".", back=back,
+                               back_text="Back to the last 30 days, unfiltered"), 422)
+        except ReadsBusy:
+            resp.set_header("Retry-After", "2")
+            _html(resp, render("message.html", title="Busy", user=user,
+                               message="Tally is busy counting other reports. Reload the page"
+                                       " in a few seconds.", back=None), 503)
+        return False, None
 
     def _signed_in_or_redirect(self, req, resp) -> SignedIn | None:
         user = self._session(req)
@@ -279,14 +302,23 @@ class Dashboard:
         now = self.clock()
         period = resolve({"period": "30d"}, utc_today(now))
         sites = self.users.sites_of(user.account_ids)
-        for site in sites:
-            reports = Reports(self.db, site["row_id"], now)
-            traffic = reports.get("aggregate", period.params()) or {}
-            revenue = reports.get("revenue", period.params())
-            currency = primary_currency(revenue)
-            site["visitors"] = traffic.get("visitors")
-            site["currency"] = currency
-            site["net"] = revenue["currencies"][currency]["net"] if currency else None
+        def figures() -> None:
+            for site in sites:
+                reports = Reports(self.db, site["row_id"], now)
+                traffic = reports.get("aggregate", period.params()) or {}
+                revenue = reports.get("revenue", period.params())
+                currency = primary_currency(revenue)
+                site["visitors"] = traffic.get("visitors")
+                site["currency"] = currency
+                site["net"] = revenue["currencies"][currency]["net"] if currency else None
+
+        try:
+            self.reads.run(figures)
+        except (ReadBudgetExceeded, ReadsBusy):
+            for site in sites:  # the list, without the figures there was no time for
+                site.setdefault("visitors", None)
+                site.setdefault("currency", None)
+                site.setdefault("net", None)
         _html(resp, render("home.html", user=user, sites=sites, title="Your sites"))
 
     def _view(self, req, period_query: dict) -> tuple[Period | None, str | None]:
@@ -302,14 +334,23 @@ class Dashboard:
                    revenue: bool, shared: bool):
         query = self._query(req)
         period, error = self._view(req, query)
-        reports = Reports(self.db, site.id, self.clock())
-        try:
-            figures = dashboard_figures(reports, period, filters=query["filters"],
-                                        goal=query["goal"], revenue=revenue)
-        except InvalidReportParameter as exc:
-            error = str(exc)
-            query["filters"] = query["goal"] = ""
-            figures = dashboard_figures(reports, period, filters="", goal="", revenue=revenue)
+        # An anonymous viewer's filters are counted live (or read if stored), never stored.
+        reports = Reports(self.db, site.id, self.clock(), stores_segments=not shared)
+
+        def figures() -> tuple[dict, str | None]:
+            try:
+                return dashboard_figures(reports, period, filters=query["filters"],
+                                         goal=query["goal"], revenue=revenue), None
+            except InvalidReportParameter as exc:
+                query["filters"] = query["goal"] = ""
+                return dashboard_figures(reports, period, filters="", goal="",
+                                         revenue=revenue), str(exc)
+
+        done, answer = self._read(resp, figures, user, base)
+        if not done:
+            return
+        figures, refused = answer
+        error = refused or error
         live = reports.has("realtime")
         if not live:
             reports._note("the realtime report (visitors in the last 5 minutes)")
@@ -339,9 +380,17 @@ class Dashboard:
         self._dashboard(req, resp, site=site, user=None, base=f"/share/{token}",
                         revenue=link.revenue, shared=True)
 
-    def _live(self, resp, site_id: int):
+    def _live(self, resp, site_id: int, reads: ReadPool):
         reports = Reports(self.db, site_id, self.clock())
-        data = reports.get("realtime", {}) if reports.has("realtime") else None
+        try:
+            data = reads.run(
+                lambda: reports.get("realtime", {}) if reports.has("realtime") else None)
+        except (ReadBudgetExceeded, ReadsBusy) as exc:
+            resp.status = 422 if isinstance(exc, ReadBudgetExceeded) else 503
+            resp.content_type = "application/json"
+            resp.set_header("Cache-Control", "no-store")
+            resp.data = orjson.dumps({"visitors": None})
+            return
         resp.status = 200 if data is not None else 404
         resp.content_type = "application/json"
         resp.set_header("Cache-Control", "no-store")
@@ -355,7 +404,7 @@ class Dashboard:
             resp.content_type = "application/json"
             resp.data = orjson.dumps({"visitors": None})
             return
-        self._live(resp, site.id)
+        self._live(resp, site.id, self.reads)
 
     def on_get_share_live(self, req, resp, token):
         link = self.shares.find(token) if len(token) <= 100 else None
@@ -364,7 +413,7 @@ class Dashboard:
             resp.content_type = "application/json"
             resp.data = orjson.dumps({"visitors": None})
             return
-        self._live(resp, link.site_id)
+        self._live(resp, link.site_id, self.anonymous_reads)
 
     def on_get_revenue(self, req, resp, site_id):
         own = self._own_site(req, resp, site_id)
@@ -376,14 +425,19 @@ class Dashboard:
             query["period"] = "12mo"
         period, error = self._view(req, query)
         reports = Reports(self.db, site.id, self.clock())
-        mrr = reports.get("mrr", {"at": period.end.isoformat()})
-        movements = reports.get("movements", period.params())
         by = req.get_param("by") or "channel"
         if by not in REVENUE_DIMENSIONS:
             by, error = "channel", error or f"by: must be one of {', '.join(REVENUE_DIMENSIONS)}"
         query["by"] = "" if by == "channel" else by
-        revenue = reports.get("revenue", {**period.params(), "by": query["by"]},
-                              what="revenue by any first-touch dimension (by=)")
+        done, answer = self._read(resp, lambda: (
+            reports.get("mrr", {"at": period.end.isoformat()}),
+            reports.get("movements", period.params()),
+            reports.get("revenue", {**period.params(), "by": query["by"]},
+                        what="revenue by any first-touch dimension (by=)")),
+            user, f"/sites/{site_id}/revenue")
+        if not done:
+            return
+        mrr, movements, revenue = answer
         by_supported = "revenue by any first-touch dimension (by=)" not in reports.missing
         if not by_supported:
             by = "channel"

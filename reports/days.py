@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from reports.params import DateRange, day_start_ms
 from reports.traffic import BreakdownCount, SessionTotals
 from storage.db import Database, StorageError
-from vocabulary import DAY_MS
+from vocabulary import DAY_MS, TS_FUTURE_MS, TS_PAST_MS
 
 log = logging.getLogger("tally")
 
@@ -49,6 +49,15 @@ _SESSION_TOTALS = (
     " count(*) FILTER (WHERE pageviews = 1 AND custom_events = 0),"
     " coalesce(sum(last_seen_at - started_at), 0)"
     " FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
+)
+# A site's traffic can only be dated within its life: from its creation (an event may
+# carry a time up to TS_PAST_MS earlier), or its first stored event or session when
+# earlier (a copied or restored database), to now (an event up to TS_FUTURE_MS later).
+# Days outside are known empty: never counted, never stored.
+_SITE_LIFE = (
+    "SELECT (SELECT created_at FROM sites WHERE id = ?1),"
+    " (SELECT min(ts) FROM events WHERE site_id = ?1),"
+    " (SELECT min(started_at) FROM sessions WHERE site_id = ?1)"
 )
 _OPEN_SESSION = (
     "SELECT 1 FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
@@ -131,6 +140,17 @@ def _day_bounds(period: DateRange) -> tuple[int, int]:
     return day_number(day_start_ms(period.start)), day_number(day_start_ms(period.end))
 
 
+def runs(days: list[int], longest: int) -> list[tuple[int, int]]:
+    """(first, last) of each run of consecutive days, runs cut at `longest` days."""
+    spans: list[tuple[int, int]] = []
+    for day in sorted(days):
+        if spans and day == spans[-1][1] + 1 and day - spans[-1][0] < longest:
+            spans[-1] = (spans[-1][0], day)
+        else:
+            spans.append((day, day))
+    return spans
+
+
 def _merge(counts: Iterable[BreakdownCount]) -> list[BreakdownCount]:
     merged: dict[str | None, list[int]] = defaultdict(lambda: [0, 0, 0])
     for count in counts:
@@ -145,30 +165,60 @@ class TrafficDays:
     """A site's traffic over whole days: what is stored is read back, the rest is counted
     live, and the final days among those are stored for next time."""
 
+    empty = SessionTotals()  # a day's totals without traffic
+    stores = True  # whether final days counted are stored
+
     def __init__(self, db: Database, site_id: int, now_ms: int):
         self.db = db
         self.conn = db.conn()
         self.site_id = site_id
         self.now_ms = now_ms
         self._busy = False  # set when storing failed: this report stores nothing more
+        self._life: tuple[int, int] | None = None
+
+    def life(self) -> tuple[int, int]:
+        """The first and last day that can hold the site's traffic (first > last: none)."""
+        if self._life is None:
+            created, first_event, first_session = self.conn.execute(
+                _SITE_LIFE, (self.site_id,)).fetchone()
+            starts = [t for t in (first_event, first_session) if t is not None]
+            if created is not None:
+                starts.append(created - TS_PAST_MS)
+            last = day_number(self.now_ms + TS_FUTURE_MS)
+            self._life = (day_number(min(starts)) if starts else last + 1, last)
+        return self._life
+
+    def within_life(self, period: DateRange) -> tuple[int, int]:
+        """The period's first and last day cut to the site's life (first > last: none)."""
+        first, last = _day_bounds(period)
+        born, today = self.life()
+        return max(first, born), min(last, today)
 
     def totals(self, period: DateRange) -> SessionTotals:
         sums = [sum(column) for column in zip(*self.day_totals(period).values(), strict=True)]
-        return SessionTotals(*sums) if sums else SessionTotals()
+        return type(self.empty)(*sums) if sums else self.empty
 
     def day_totals(self, period: DateRange) -> dict[int, SessionTotals]:
         """Each day's totals, by day number (days since 1970-01-01)."""
         first, last = _day_bounds(period)
+        totals = dict.fromkeys(range(first, last + 1), self.empty)
+        lo, hi = self.within_life(period)
+        if lo > hi:
+            return totals
         stored = {row[0]: SessionTotals(*row[1:]) for row in self.conn.execute(
-            _STORED_TOTALS, (self.site_id, first, last))}
+            _STORED_TOTALS, (self.site_id, lo, hi))}
         counted = self._count(
-            [day for day in range(first, last + 1) if day not in stored],
+            [day for day in range(lo, hi + 1) if day not in stored],
             lambda day: live_totals(self.conn, self.site_id, day),
             lambda conn, day, totals: conn.execute(_STORE_TOTALS, (self.site_id, day, *totals)))
-        return {**stored, **counted}
+        totals.update(stored)
+        totals.update(counted)
+        return totals
 
     def values(self, period: DateRange, by: str) -> list[BreakdownCount]:
-        first, last = _day_bounds(period)
+        first, last = self.within_life(period)
+        if first > last:
+            return []
         bounds = (self.site_id, by, first, last)
         # One read transaction: the stored days and their values from the same snapshot.
         with self.db.snapshot(self.conn) as conn:
@@ -196,17 +246,22 @@ class TrafficDays:
 
     def _count(self, days: list[int], count: Callable[[int], object],
                store: Callable[[sqlite3.Connection, int, object], None]) -> dict[int, object]:
-        """Count the days live; store the final ones a few days at a time, so a long first
-        count that is cut short (a worker timeout) still leaves its progress."""
-        counted, final = {}, []
-        for day in days:
-            counted[day] = count(day)
-            if self._is_final(day):
-                final.append(day)
-            if len(final) == STORE_BATCH_DAYS:
-                self._store(final, counted, store)
-                final = []
-        self._store(final, counted, store)
+        """Count the days live, one at a time; see _count_runs."""
+        return self._count_runs(
+            days, lambda first, last: {day: count(day) for day in range(first, last + 1)}, store)
+
+    def _count_runs(self, days: list[int], count: Callable[[int, int], dict[int, object]],
+                    store: Callable[[sqlite3.Connection, int, object], None]) -> dict[int, object]:
+        """Count the days live, `count(first, last)` giving the days of a run of at most
+        STORE_BATCH_DAYS consecutive ones; store the final ones after each run, so a long
+        first count that is cut short (a read budget, a worker timeout) still leaves its
+        progress."""
+        counted: dict[int, object] = {}
+        for first, last in runs(days, STORE_BATCH_DAYS):
+            counted.update(count(first, last))
+            if self.stores and not self._busy:
+                self._store([day for day in range(first, last + 1) if self._is_final(day)],
+                            counted, store)
         return counted
 
     def _store(self, final: list[int], counted: dict[int, object],

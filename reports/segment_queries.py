@@ -11,11 +11,20 @@ Within a bucket [t0, t1):
   (session filters through the event's session);
 - a goal converts a segment session that has a goal event (from t0 to a day after t1);
   goal events are those events.
+
+Several buckets are counted by one statement (`Segment.bucket_totals`, GROUP BY bucket),
+each session held to its own bucket's window, so the figures are those of one statement
+per bucket. A `~` (contains) filter is not tested on each row: `resolve` matches its
+values once against the distinct values the range stores for its dimension (the same
+instr/lower test, by the database, so the same case rules), and the rows are then kept by
+membership in that set, as `==` keeps them. Its cost grows with what is stored, not with
+rows x filters x values.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections import defaultdict
 from typing import NamedTuple
 
 import orjson
@@ -42,7 +51,6 @@ def _column_clauses(column: str) -> dict[str, str]:
     return {
         "==": f"{column} IN (SELECT value FROM json_each(?))",  # noqa: S608 - fixed fragments
         "!=": f"({column} IS NULL OR {column} NOT IN (SELECT value FROM json_each(?)))",  # noqa: S608 - fixed fragments
-        "~": f"EXISTS (SELECT 1 FROM json_each(?) WHERE instr(lower({column}), lower(value)) > 0)",  # noqa: S608 - fixed fragments
     }
 
 
@@ -52,10 +60,85 @@ _PROP_MATCH = "EXISTS (SELECT 1 FROM json_each(e.props) p WHERE p.key = ? AND "
 _CLAUSES["prop"] = {
     "==": _PROP_MATCH + "CAST(p.value AS TEXT) IN (SELECT value FROM json_each(?)))",  # noqa: S608 - fixed fragments
     "!=": "NOT " + _PROP_MATCH + "CAST(p.value AS TEXT) IN (SELECT value FROM json_each(?)))",  # noqa: S608 - fixed fragments
-    "~": _PROP_MATCH + "EXISTS (SELECT 1 FROM json_each(?) v"  # noqa: S608 - fixed fragments
-                       " WHERE instr(lower(CAST(p.value AS TEXT)), lower(v.value)) > 0))",
 }
 _GOAL_CLAUSES = {"event": "e.name = ?", "page": "e.name = 'pageview' AND e.pathname = ?"}
+
+# `~` (contains, ignoring ASCII case): the distinct values a dimension stores over a span,
+# and of those the ones containing one of the filter's values (a parameter each filter).
+# A session dimension's values are those of the sessions started in the span and of the
+# sessions of the span's events (an event's session may have started before it).
+_STORED_EVENT_VALUES = (
+    "SELECT DISTINCT {column} AS v FROM events e"
+    " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND e.name <> '$identify'"
+)
+_STORED_SESSION_VALUES = (
+    "SELECT {column} AS v FROM sessions s"
+    " WHERE s.site_id = ? AND s.started_at >= ? AND s.started_at < ?"
+    " UNION SELECT {column} AS v FROM sessions s WHERE s.id IN (SELECT e.session_id FROM events e"
+    " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ?)"
+)
+_STORED_PROP_VALUES = (
+    "SELECT DISTINCT CAST(p.value AS TEXT) AS v FROM events e CROSS JOIN json_each(e.props) p"
+    " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND e.name <> '$identify'"
+    " AND e.props IS NOT NULL AND p.key = ?"
+)
+_CONTAINS = " AND EXISTS (SELECT 1 FROM json_each(?) WHERE instr(lower(d.v), lower(value)) > 0)"
+
+
+def _stored_values_sql(dimension: str) -> str:
+    if dimension == "prop":
+        return _STORED_PROP_VALUES
+    if dimension in SESSION_COLUMNS:
+        # sql-safe: a column of the fixed mapping SESSION_COLUMNS
+        return _STORED_SESSION_VALUES.format(column=SESSION_COLUMNS[dimension])
+    # sql-safe: a column of the fixed mapping EVENT_COLUMNS
+    return _STORED_EVENT_VALUES.format(column=EVENT_COLUMNS[dimension])
+
+
+def matching_values(conn: sqlite3.Connection, site_id: int, dimension: str, prop: str | None,
+                    value_lists: list[tuple[str, ...]], start: int, end: int) -> list[str]:
+    """The values the dimension (or property `prop`) takes over [start, end) that contain,
+    ignoring ASCII case, one value of each list: what the `~` filters on it all keep."""
+    span = (site_id, start, end)
+    head = (*span, prop) if dimension == "prop" else span * (
+        2 if dimension in SESSION_COLUMNS else 1)
+    rows = conn.execute(
+        # sql-safe: fixed fragments, a _CONTAINS per filter; values are JSON parameters
+        "SELECT d.v FROM (" + _stored_values_sql(dimension) + ") d WHERE d.v IS NOT NULL"  # noqa: S608 - fixed
+        + _CONTAINS * len(value_lists),
+        (*head, *(orjson.dumps(list(values)).decode() for values in value_lists)))
+    return sorted(row[0] for row in rows)
+
+
+def resolve(conn: sqlite3.Connection, site_id: int, filters: tuple[Filter, ...],
+            start: int, end: int) -> tuple[Filter, ...]:
+    """The filters with the `~` filters of each dimension made one `==` filter listing the
+    values stored over [start, end) that they all keep: the same rows pass, for any rows
+    of that span."""
+    contains: dict[tuple[str, str | None], list[tuple[str, ...]]] = defaultdict(list)
+    kept = []
+    for f in filters:
+        if f.operator == "~":
+            contains[(f.dimension, f.prop)].append(f.values)
+        else:
+            kept.append(f)
+    for (dimension, prop), value_lists in sorted(contains.items(), key=str):
+        values = matching_values(conn, site_id, dimension, prop, value_lists, start, end)
+        kept.append(Filter(dimension, "==", tuple(values), prop))
+    return tuple(kept)
+
+
+# Counting many buckets at once, a session (m, the event's) counts in the bucket its start
+# falls in, with the events dated from that bucket's start to a day after its end, as a
+# statement for that one bucket would count it. Compared as bucket numbers, so no index
+# seeks events per session (PostgreSQL would, once per session, on a range a day long).
+# Parameters: start and end of the span; then start, width four times; then the buckets
+# in a width and a day (1 + a day / width, a width dividing a day).
+_WINDOW = (
+    " AND m.site_id = e.site_id AND m.started_at >= ? AND m.started_at < ?"
+    " AND (e.ts - ?) / ? >= (m.started_at - ?) / ?"
+    " AND (e.ts - ?) / ? < (m.started_at - ?) / ? + ?"
+)
 
 
 class Where(NamedTuple):
@@ -66,6 +149,8 @@ class Where(NamedTuple):
 def _where(filters: tuple[Filter, ...]) -> Where:
     sql, params = [], []
     for f in filters:
+        if f.operator not in _CLAUSES[f.dimension]:
+            raise ValueError(f"resolve {f.text()!r} first (reports.segment_queries.resolve)")
         sql.append(_CLAUSES[f.dimension][f.operator])
         if f.dimension == "prop":
             params.append(f.prop)
@@ -123,6 +208,23 @@ class Segment:
                 " LEFT JOIN (SELECT e.session_id, count(*) AS n FROM events e"  # noqa: S608 - fixed fragments
                 " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND "
                 + _GOAL_CLAUSES[goal.kind] + " GROUP BY e.session_id) g ON g.session_id = s.id")
+        # The same over many buckets: each event held to its session's bucket window (m).
+        # A join to the matching sessions, grouped, rather than IN: no plan can then scan
+        # events once per session.
+        self.bucket_matching = ""
+        if self.event_where.sql:
+            self.bucket_matching = (  # sql-safe: fixed fragments only
+                " JOIN (SELECT e.session_id FROM events e JOIN sessions m"  # noqa: S608 - fixed fragments
+                " ON m.id = e.session_id WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ?"
+                " AND e.name <> '$identify'" + self.event_where.sql + _WINDOW
+                + " GROUP BY e.session_id) matching ON matching.session_id = s.id")
+        self.bucket_goal_sql = ""
+        if goal is not None:
+            self.bucket_goal_sql = (  # sql-safe: fixed fragments only
+                " LEFT JOIN (SELECT e.session_id, count(*) AS n FROM events e JOIN sessions m"  # noqa: S608 - fixed fragments
+                " ON m.id = e.session_id WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND "
+                + _GOAL_CLAUSES[goal.kind] + _WINDOW
+                + " GROUP BY e.session_id) g ON g.session_id = s.id")
 
     def _sessions_params(self, site_id: int, t0: int, t1: int) -> tuple:
         params = (site_id, t0, t1, *self.session_where.params)
@@ -133,33 +235,52 @@ class Segment:
     def _goal_params(self, site_id: int, t0: int, t1: int) -> tuple:
         return (site_id, t0, t1 + DAY_MS, self.goal.name) if self.goal else ()
 
-    def totals(self, conn: sqlite3.Connection, site_id: int, t0: int, t1: int) -> SegmentTotals:
+    def bucket_totals(self, conn: sqlite3.Connection, site_id: int, start: int, end: int,
+                      width: int) -> dict[int, SegmentTotals]:
+        """The figures of each bucket [start + i * width, start + (i + 1) * width) of
+        [start, end), by i (a bucket without sessions or events is left out): those of the
+        segment's statements for one bucket, for every bucket in two statements. `width`
+        divides a day (an hour, a day)."""
+        if DAY_MS % width:
+            raise ValueError(f"a bucket of {width} ms does not divide a day")
         # With session filters only, the segment's events are its sessions' (the counts each
         # session keeps): one read of the sessions instead of a join per event.
         by_sessions = self.needs_session_join and not self.event_where.sql
-        pageviews = events = 0
+        event_counts: dict[int, tuple[int, int]] = {}
         if not by_sessions:
-            pageviews, events = conn.execute(
-                "SELECT count(*) FILTER (WHERE e.name = 'pageview'),"
-                " count(*) FILTER (WHERE e.name <> 'pageview')"
-                + self.events_from,  # sql-safe: built from fixed fragments in __init__
-                (site_id, t0, t1, *self.events_params)).fetchone()
-        goal_join = self.goal_sql or ""
+            for bucket, pageviews, events in conn.execute(
+                    "SELECT (e.ts - ?) / ? AS bucket, count(*) FILTER (WHERE e.name = 'pageview'),"
+                    " count(*) FILTER (WHERE e.name <> 'pageview')"
+                    + self.events_from  # sql-safe: built from fixed fragments in __init__
+                    + " GROUP BY bucket",
+                    (start, width, site_id, start, end, *self.events_params)):
+                event_counts[bucket] = (pageviews, events)
+        window = (start, end, *(start, width) * 4, 1 + DAY_MS // width)
+        goal_params = (site_id, start, end + DAY_MS, self.goal.name, *window) if self.goal else ()
+        matching_params = ((site_id, start, end + DAY_MS, *self.event_where.params, *window)
+                           if self.event_where.sql else ())
         goal_columns = (", count(DISTINCT CASE WHEN g.n > 0 THEN s.visitor_id END),"
-                        " coalesce(sum(g.n), 0)") if self.goal_sql else ", 0, 0"
-        row = conn.execute(
-            "SELECT count(DISTINCT s.visitor_id), count(*),"  # noqa: S608 - fixed fragments
+                        " coalesce(sum(g.n), 0)") if self.goal else ", 0, 0"
+        rows = conn.execute(
+            "SELECT (s.started_at - ?) / ? AS bucket, count(DISTINCT s.visitor_id), count(*),"  # noqa: S608 - fixed fragments
             " count(*) FILTER (WHERE s.pageviews = 1 AND s.custom_events = 0),"
             " coalesce(sum(s.last_seen_at - s.started_at), 0)" + goal_columns
             + ", coalesce(sum(s.pageviews), 0), coalesce(sum(s.custom_events), 0)"
-            + " FROM sessions s" + goal_join + self.sessions_where,  # sql-safe: fixed fragments
-            (*self._goal_params(site_id, t0, t1), *self._sessions_params(site_id, t0, t1)),
-        ).fetchone()
-        visitors, sessions, bounces, duration, conversions, goal_events = row[:6]
-        if by_sessions:
-            pageviews, events = row[6:]
-        return SegmentTotals(visitors, pageviews, sessions, events, bounces, duration,
-                             conversions, goal_events)
+            + " FROM sessions s" + self.bucket_goal_sql + self.bucket_matching  # sql-safe: fixed
+            + " WHERE s.site_id = ? AND s.started_at >= ? AND s.started_at < ?"
+            + self.session_where.sql + " GROUP BY bucket",  # sql-safe: fixed fragments
+            (start, width, *goal_params, *matching_params, site_id, start, end,
+             *self.session_where.params))
+        totals = {}
+        for (bucket, visitors, sessions, bounces, duration, conversions, goal_events,
+             pageviews, events) in rows:
+            if not by_sessions:
+                pageviews, events = event_counts.pop(bucket, (0, 0))
+            totals[bucket] = SegmentTotals(visitors, pageviews, sessions, events, bounces,
+                                           duration, conversions, goal_events)
+        for bucket, (pageviews, events) in event_counts.items():  # events, no session start
+            totals[bucket] = SegmentTotals(0, pageviews, 0, events)
+        return totals
 
     def values(self, conn: sqlite3.Connection, site_id: int, t0: int, t1: int,
                by: str) -> list[SegmentCount]:

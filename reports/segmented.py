@@ -55,12 +55,15 @@ class Query:
     """The parameters every traffic report shares."""
 
     def __init__(self, db: Database, site_id: int, now_ms: int,
-                 filters: tuple[Filter, ...] = (), goal: Goal | None = None):
+                 filters: tuple[Filter, ...] = (), goal: Goal | None = None,
+                 stores_segments: bool = True):
         self.db = db
         self.site_id = site_id
         self.now_ms = now_ms
         self.filters = filters
         self.goal = goal
+        # False for an anonymous viewer: segments are read if stored, never stored.
+        self.stores_segments = stores_segments
 
     @property
     def plain(self) -> bool:
@@ -69,10 +72,15 @@ class Query:
     def days(self) -> TrafficDays:
         if self.plain:
             return TrafficDays(self.db, self.site_id, self.now_ms)
-        return SegmentDays(self.db, self.site_id, self.now_ms, self.filters, self.goal)
+        return self.segment_days()
 
-    def segment_days(self) -> SegmentDays:
-        return SegmentDays(self.db, self.site_id, self.now_ms, self.filters, self.goal)
+    def segment_days(self, filters: tuple[Filter, ...] | None = None,
+                     goal: Goal | None = None) -> SegmentDays:
+        """The query's segment, or one of other filters (and goal)."""
+        if filters is None:
+            filters, goal = self.filters, self.goal
+        return SegmentDays(self.db, self.site_id, self.now_ms, filters, goal,
+                           stores=self.stores_segments)
 
     def header(self, period: DateRange) -> dict:
         head = {"from": period.start.isoformat(), "to": period.end.isoformat()}
@@ -176,8 +184,7 @@ def value_visitors(query: Query, period: DateRange, by: str) -> dict[str | None,
     if not query.filters and by in STORED_DIMENSIONS:
         counts = TrafficDays(query.db, query.site_id, query.now_ms).values(period, by)
     else:
-        counts = SegmentDays(query.db, query.site_id, query.now_ms, query.filters,
-                             None).values(period, by)
+        counts = query.segment_days(query.filters, None).values(period, by)
     return {c.value: c.visitors for c in counts}
 
 

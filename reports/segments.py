@@ -4,19 +4,21 @@ A segment is a set of filters with an optional goal (reports.filters.segment_key
 final days are counted once and kept in traffic_segment_days / traffic_segment_values;
 recent days are counted live. A site keeps at most MAX_STORED_SEGMENTS segments: past
 that, a new segment is counted live each time (still right, only slower), so no caller
-can fill the disk with endless distinct filters.
+can fill the disk with endless distinct filters. A report that must not spend that budget
+(an anonymous viewer's: `stores=False`) reads the segment's stored days, if any, counts
+the rest live and stores nothing.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from reports.days import TrafficDays, _day_bounds
 from reports.filters import Filter, Goal, segment_key
 from reports.params import DAY_MS, DateRange
-from reports.segment_queries import Segment, SegmentCount, SegmentTotals
+from reports.segment_queries import Segment, SegmentCount, SegmentTotals, resolve
 from storage.db import Database
 
 MAX_STORED_SEGMENTS = 200
@@ -72,20 +74,45 @@ def merge_counts(counts: Iterable[SegmentCount]) -> list[SegmentCount]:
 class SegmentDays(TrafficDays):
     """A segment's traffic over whole days: stored final days read back, the rest counted."""
 
+    empty = SegmentTotals()
+
     def __init__(self, db: Database, site_id: int, now_ms: int,
-                 filters: tuple[Filter, ...], goal: Goal | None):
+                 filters: tuple[Filter, ...], goal: Goal | None, stores: bool = True):
         super().__init__(db, site_id, now_ms)
-        self.segment = Segment(filters, goal)
+        self.filters = filters
+        self.goal = goal
         self.key = segment_key(filters, goal)
+        self.stores = stores
+        self._segment: Segment | None = None
+        self._span = (0, 0)
+
+    def segment(self, first: int, last: int) -> Segment:
+        """The segment's statements for counting days first..last: its `~` filters
+        matched against the values stored from the first day to a day after the last."""
+        start, end = first * DAY_MS, (last + 2) * DAY_MS
+        if self._segment is None or not self._span[0] <= start < end <= self._span[1]:
+            filters = resolve(self.conn, self.site_id, self.filters, start, end)
+            self._segment = Segment(filters, self.goal)
+            self._span = (start, end)
+        return self._segment
+
+    def _count_runs(self, days: list[int], count: Callable[[int, int], dict[int, object]],
+                    store: Callable[[sqlite3.Connection, int, object], None]) -> dict[int, object]:
+        if days:  # match the `~` filters once, over all the days to count
+            self.segment(min(days), max(days))
+        return super()._count_runs(days, count, store)
 
     def _registered(self, conn: sqlite3.Connection, key: str | None = None) -> bool:
         key = key or self.key
         conn.execute(_REGISTER, (self.site_id, key, self.now_ms, MAX_STORED_SEGMENTS))
         return conn.execute(_REGISTERED, (self.site_id, key)).fetchone() is not None
 
-    def count_totals(self, t0: int, t1: int) -> SegmentTotals:
-        """Live figures of any bucket [t0, t1) (an hour, say); nothing is stored."""
-        return self.segment.totals(self.conn, self.site_id, t0, t1)
+    def _bucket_days(self, first: int, last: int, width: int) -> dict[int, SegmentTotals]:
+        """Days first..last counted in buckets of `width`, by bucket number since 1970."""
+        start = first * DAY_MS
+        per_bucket = self.segment(first, last).bucket_totals(
+            self.conn, self.site_id, start, (last + 1) * DAY_MS, width)
+        return {start // width + i: totals for i, totals in per_bucket.items()}
 
     def totals(self, period: DateRange) -> SegmentTotals:
         sums = [sum(column) for column in zip(*self.day_totals(period).values(), strict=True)]
@@ -93,17 +120,25 @@ class SegmentDays(TrafficDays):
 
     def day_totals(self, period: DateRange) -> dict[int, SegmentTotals]:
         first, last = _day_bounds(period)
+        totals = dict.fromkeys(range(first, last + 1), self.empty)
+        lo, hi = self.within_life(period)
+        if lo > hi:
+            return totals
         stored = {row[0]: SegmentTotals(*row[1:]) for row in self.conn.execute(
-            _STORED_TOTALS, (self.site_id, self.key, first, last))}
+            _STORED_TOTALS, (self.site_id, self.key, lo, hi))}
+
+        def count(first: int, last: int) -> dict[int, SegmentTotals]:
+            days = self._bucket_days(first, last, DAY_MS)
+            return {day: days.get(day, self.empty) for day in range(first, last + 1)}
 
         def store(conn: sqlite3.Connection, day: int, totals: SegmentTotals) -> None:
             if self._registered(conn):
                 conn.execute(_STORE_TOTALS, (self.site_id, self.key, day, *totals))
 
-        counted = self._count(
-            [day for day in range(first, last + 1) if day not in stored],
-            lambda day: self.count_totals(day * DAY_MS, (day + 1) * DAY_MS), store)
-        return {**stored, **counted}
+        totals.update(stored)
+        totals.update(self._count_runs(
+            [day for day in range(lo, hi + 1) if day not in stored], count, store))
+        return totals
 
     def hour_totals(self, period: DateRange) -> dict[int, SegmentTotals]:
         """Each hour's figures, by hour number (hours since 1970-01-01). A final day's 24
@@ -111,29 +146,46 @@ class SegmentDays(TrafficDays):
         holds the hour number."""
         key = self.key + HOURS_SUFFIX
         first, last = _day_bounds(period)
+        hours = dict.fromkeys(range(first * 24, last * 24 + 24), self.empty)
+        lo, hi = self.within_life(period)
+        if lo > hi:
+            return hours
         stored = {row[0]: SegmentTotals(*row[1:]) for row in self.conn.execute(
-            _STORED_TOTALS, (self.site_id, key, first * 24, last * 24 + 23))}
+            _STORED_TOTALS, (self.site_id, key, lo * 24, hi * 24 + 23))}
         stored_days = {hour // 24 for hour in stored}
 
-        def count(day: int) -> dict[int, SegmentTotals]:
-            return {hour: self.count_totals(hour * HOUR_MS, (hour + 1) * HOUR_MS)
-                    for hour in range(day * 24, day * 24 + 24)}
+        def count(first: int, last: int) -> dict[int, dict[int, SegmentTotals]]:
+            counted = self._bucket_days(first, last, HOUR_MS)
+            return {day: {hour: counted.get(hour, self.empty)
+                          for hour in range(day * 24, day * 24 + 24)}
+                    for day in range(first, last + 1)}
 
-        def store(conn: sqlite3.Connection, day: int, hours: dict[int, SegmentTotals]) -> None:
+        def store(conn: sqlite3.Connection, day: int, day_hours: dict[int, SegmentTotals]) -> None:
             if self._registered(conn, key):
                 conn.executemany(_STORE_TOTALS, [(self.site_id, key, hour, *totals)
-                                                 for hour, totals in hours.items()])
+                                                 for hour, totals in day_hours.items()])
 
-        counted = self._count([day for day in range(first, last + 1) if day not in stored_days],
-                              count, store)
-        return {**stored, **{hour: t for hours in counted.values() for hour, t in hours.items()}}
+        counted = self._count_runs(
+            [day for day in range(lo, hi + 1) if day not in stored_days], count, store)
+        hours.update(stored)
+        for day_hours in counted.values():
+            hours.update(day_hours)
+        return hours
 
     def values(self, period: DateRange, by: str) -> list[SegmentCount]:
-        first, last = _day_bounds(period)
+        first, last = self.within_life(period)
+        if first > last:
+            return []
         bounds = (self.site_id, self.key, by, first, last)
         with self.db.snapshot(self.conn) as conn:
             stored_days = {row[0] for row in conn.execute(_STORED_DIMENSION_DAYS, bounds)}
             stored = [SegmentCount(*row) for row in conn.execute(_STORED_VALUES, bounds)]
+
+        def count(first: int, last: int) -> dict[int, list[SegmentCount]]:
+            segment = self.segment(first, last)
+            return {day: segment.values(self.conn, self.site_id, day * DAY_MS,
+                                        (day + 1) * DAY_MS, by)
+                    for day in range(first, last + 1)}
 
         def store(conn: sqlite3.Connection, day: int, counts: list[SegmentCount]) -> None:
             if not self._registered(conn):
@@ -142,9 +194,6 @@ class SegmentDays(TrafficDays):
                 conn.executemany(_STORE_VALUE, [
                     (self.site_id, self.key, by, day, *count) for count in counts])
 
-        counted = self._count(
-            [day for day in range(first, last + 1) if day not in stored_days],
-            lambda day: self.segment.values(
-                self.conn, self.site_id, day * DAY_MS, (day + 1) * DAY_MS, by),
-            store)
+        counted = self._count_runs(
+            [day for day in range(first, last + 1) if day not in stored_days], count, store)
         return merge_counts([*stored, *(c for counts in counted.values() for c in counts)])

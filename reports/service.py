@@ -28,59 +28,59 @@ Params = Mapping[str, object]
 RANGE = ("from", "to")
 
 
-def _revenue(db: Database, site_id: int, params: Params, now: float) -> dict:
+def _revenue(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
     check_known(params, (*RANGE, "by", "filters", "compare"))
     period = parse_date_range(params, utc_today(now))
     by = parse_choice(params, "by", REVENUE_DIMENSIONS, "channel")
-    query, compare = _query(db, site_id, params, now, goal=False), parse_compare(params)
+    query, compare = _query(db, site_id, params, now, stores, goal=False), parse_compare(params)
     return segmented.with_comparison(lambda p: segmented.revenue(query, p, by), period, compare)
 
 
-def _mrr(db: Database, site_id: int, params: Params, now: float) -> dict:
+def _mrr(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
     check_known(params, ("at", "filters"))
     at = parse_at(params, utc_today(now))
-    return segmented.mrr(_query(db, site_id, params, now, goal=False), at)
+    return segmented.mrr(_query(db, site_id, params, now, stores, goal=False), at)
 
 
-def _movements(db: Database, site_id: int, params: Params, now: float) -> dict:
+def _movements(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
     check_known(params, (*RANGE, "filters"))
     period = parse_date_range(params, utc_today(now))
-    return segmented.movements(_query(db, site_id, params, now, goal=False), period)
+    return segmented.movements(_query(db, site_id, params, now, stores, goal=False), period)
 
 
-def _query(db: Database, site_id: int, params: Params, now: float,
+def _query(db: Database, site_id: int, params: Params, now: float, stores: bool,
            goal: bool = True) -> segmented.Query:
     return segmented.Query(db, site_id, int(now * 1000), parse_filters(params),
-                           parse_goal(params) if goal else None)
+                           parse_goal(params) if goal else None, stores_segments=stores)
 
 
-def _aggregate(db: Database, site_id: int, params: Params, now: float) -> dict:
+def _aggregate(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
     check_known(params, (*RANGE, "filters", "goal", "compare"))
     period = parse_date_range(params, utc_today(now))
-    query, compare = _query(db, site_id, params, now), parse_compare(params)
+    query, compare = _query(db, site_id, params, now, stores), parse_compare(params)
     return segmented.with_comparison(
         lambda p: segmented.aggregate_figures(query, p), period, compare)
 
 
-def _breakdown(db: Database, site_id: int, params: Params, now: float) -> dict:
+def _breakdown(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
     check_known(params, ("by", "limit", *RANGE, "filters", "goal"))
     by, limit = parse_dimension(params), parse_limit(params)
     period = parse_date_range(params, utc_today(now))
-    return segmented.breakdown(_query(db, site_id, params, now), period, by, limit)
+    return segmented.breakdown(_query(db, site_id, params, now, stores), period, by, limit)
 
 
-def _timeseries(db: Database, site_id: int, params: Params, now: float) -> dict:
+def _timeseries(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
     check_known(params, (*RANGE, "interval", "filters", "goal", "compare"))
     period = parse_date_range(params, utc_today(now))
     interval = parse_interval(params, period)
-    query, compare = _query(db, site_id, params, now), parse_compare(params)
+    query, compare = _query(db, site_id, params, now, stores), parse_compare(params)
     return segmented.timeseries_compared(query, period, interval, compare)
 
 
-def _goals(db: Database, site_id: int, params: Params, now: float) -> dict:
+def _goals(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
     check_known(params, (*RANGE, "filters", "limit"))
     period = parse_date_range(params, utc_today(now))
-    query = _query(db, site_id, params, now, goal=False)
+    query = _query(db, site_id, params, now, stores, goal=False)
     return segmented.goals(query, period, parse_limit(params))
 
 
@@ -90,7 +90,14 @@ def _realtime(db: Database, site_id: int, params: Params, now: float,
     return segmented.realtime(db, site_id, int(now * 1000), max_delay_seconds)
 
 
-Report = Callable[[Database, int, Params, float], dict]
+def too_expensive(seconds: float) -> str:
+    """What a report stopped by its read budget (storage.db.ReadBudgetExceeded) answers."""
+    return (f"this report needs more than the {seconds:g} s a read may take"
+            " (TALLY_READ_BUDGET) and was stopped; narrow it: a shorter range (from, to),"
+            " fewer filters, or fewer values per filter")
+
+
+Report = Callable[[Database, int, Params, float, bool], dict]
 REPORTS: dict[str, Report] = {
     "revenue": _revenue,
     "mrr": _mrr,
@@ -99,17 +106,19 @@ REPORTS: dict[str, Report] = {
     "breakdown": _breakdown,
     "timeseries": _timeseries,
     "goals": _goals,
-    "realtime": _realtime,  # takes max_delay_seconds too
+    "realtime": _realtime,  # takes max_delay_seconds instead of stores
 }
 
 
 def run_report(name: str, db: Database, site_id: int, params: Params, now: float,
-               max_delay_seconds: float = 1.0) -> dict:
+               max_delay_seconds: float = 1.0, *, stores_segments: bool = True) -> dict:
     """The report's data at unix time `now`; InvalidReportParameter when a parameter is
     unknown or bad. `max_delay_seconds` (the flush interval: how late stored events can
-    be) is shown by the realtime report. Decimal arithmetic in any report is exact or
+    be) is shown by the realtime report. `stores_segments`: False for an anonymous viewer
+    (a shared link), whose filters are counted live or read from segments already stored,
+    never stored anew (reports.segments). Decimal arithmetic in any report is exact or
     raises, whatever the thread's default context (which would round at 28 digits)."""
     with exact_decimals():
         if name == "realtime":
             return _realtime(db, site_id, params, now, max_delay_seconds)
-        return REPORTS[name](db, site_id, params, now)
+        return REPORTS[name](db, site_id, params, now, stores_segments)

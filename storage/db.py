@@ -14,6 +14,8 @@ import re
 import sqlite3
 import sys
 import threading
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
@@ -41,6 +43,51 @@ class StorageError(Exception):
 
 class StorageBusy(StorageError):
     """A transient condition: the write lock stayed taken past the bounded wait."""
+
+
+class ReadBudgetExceeded(Exception):
+    """A read ran past its budget (Database.read_budget) and its statement was stopped.
+
+    Not a StorageError: nothing is wrong with the database, and no caller may take it for
+    a failed write to skip and carry on."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"the read ran past its budget of {seconds:g} s and was stopped")
+        self.seconds = seconds
+
+
+# How often SQLite asks a read budget whether its time is up, in virtual-machine steps:
+# about every 6 ms of a scan here (some 16 million steps a second). Each check takes the
+# GIL, which the threads taking in events want too: checking ten times as often cost
+# them more latency under load (bench/reads.py) and gained nothing but a finer stop.
+# A statement of fewer steps than MIN_CHECK_STEPS (BEGIN, COMMIT, ROLLBACK, PRAGMA: under
+# 50) is never stopped, so a transaction always ends.
+READ_BUDGET_CHECK_STEPS = 100_000
+MIN_CHECK_STEPS = 100
+
+
+class Budget:
+    """A deadline on this thread's statements, `seconds` after it starts (or `since`, an
+    earlier reading of `clock`: when the read was asked for)."""
+
+    __slots__ = ("seconds", "clock", "deadline", "tripped")
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic,
+                 since: float | None = None):
+        self.seconds = seconds
+        self.clock = clock
+        self.deadline = (clock() if since is None else since) + seconds
+        self.tripped = False
+
+    def remaining(self) -> float:
+        return self.deadline - self.clock()
+
+    def passed(self) -> bool:
+        """True once the deadline has passed (and ever after): SQLite's progress handler,
+        whose true stops the running statement."""
+        if not self.tripped and self.clock() >= self.deadline:
+            self.tripped = True
+        return self.tripped
 
 
 def is_transient(exc: sqlite3.Error) -> bool:
@@ -184,6 +231,40 @@ class Database:
         """Nothing to give back: each thread keeps its SQLite connection (PostgreSQL's
         Database lends pooled ones and takes them back here)."""
 
+    @contextmanager
+    def read_budget(self, seconds: float | None, *,
+                    check_steps: int = READ_BUDGET_CHECK_STEPS,
+                    clock: Callable[[], float] = time.monotonic, since: float | None = None):
+        """Stop this thread's statements once `seconds` have passed (since `since`, a
+        reading of `clock`, or now): SQLite's progress handler interrupts the running
+        statement, which raises ReadBudgetExceeded out of the block (None: no budget).
+        Inside an outer budget, the outer one holds. A transaction the stop cut short is
+        rolled back, so nothing half-counted is kept."""
+        if seconds is None or getattr(self._local, "budget", None) is not None:
+            yield
+            return
+        conn = self.conn()
+        budget = Budget(seconds, clock, since)
+        self._local.budget = budget
+        conn.set_progress_handler(budget.passed, max(MIN_CHECK_STEPS, int(check_steps)))
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if budget.tripped and _interrupted(exc):
+                raise ReadBudgetExceeded(seconds) from exc
+            raise
+        finally:
+            conn.set_progress_handler(None, 0)
+            self._local.budget = None
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    def _error(self, exc: sqlite3.Error) -> Exception:
+        budget = getattr(self._local, "budget", None)
+        if budget is not None and budget.tripped and _interrupted(exc):
+            return ReadBudgetExceeded(budget.seconds)
+        return _storage_error(exc)
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
@@ -205,7 +286,7 @@ class Database:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                raise _storage_error(exc) from exc
+                raise self._error(exc) from exc
             raise
 
     @contextmanager
@@ -300,6 +381,11 @@ def _statements(script: str) -> list[str]:
             statements.append(buffer.strip())
             buffer = ""
     return [s for s in statements if s]
+
+
+def _interrupted(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code == sqlite3.SQLITE_INTERRUPT if code is not None else "interrupted" in str(exc)
 
 
 def _storage_error(exc: sqlite3.Error) -> StorageError:

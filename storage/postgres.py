@@ -16,10 +16,12 @@ Readers never take it. A lock or connection failure surfaces as StorageBusy, a 5
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from importlib.resources import files
@@ -36,7 +38,15 @@ from psycopg.types.numeric import Int8Dumper
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from storage import migrations
-from storage.db import BUSY_TIMEOUT_MS, StorageBusy, StorageError, schema
+from storage.db import (
+    BUSY_TIMEOUT_MS,
+    READ_BUDGET_CHECK_STEPS,
+    Budget,
+    ReadBudgetExceeded,
+    StorageBusy,
+    StorageError,
+    schema,
+)
 
 SCHEMA_PATH = files(__package__) / "schema_postgres.sql"
 
@@ -346,6 +356,8 @@ class PostgresConnection:
     def __init__(self, raw: psycopg.Connection, lock_timeout_ms: int):
         self.raw = raw
         self.lock_timeout_ms = lock_timeout_ms
+        self.budget: Budget | None = None  # a read budget's deadline (PostgresDatabase.read_budget)
+        self._statement_timeout_ms = 0  # what this connection's statement_timeout was set to
 
     @property
     def in_transaction(self) -> bool:
@@ -362,19 +374,73 @@ class PostgresConnection:
         if keyword.startswith("PRAGMA"):
             return self._pragma(sql)
         statement = translate(sql)
+        if self.budget is not None:
+            self._within_budget()
         cursor = self.raw.cursor()
-        # Always with parameters, even none: psycopg then reads the %% the translation wrote as %.
-        cursor.execute(statement.text, statement.arguments(params) or ())
+        try:
+            # Always with parameters, even none: psycopg then reads the %% the translation
+            # wrote as %.
+            cursor.execute(statement.text, statement.arguments(params) or ())
+        except pg_errors.QueryCanceled as exc:
+            raise self._canceled(exc) from exc
         return PostgresCursor(cursor)
 
     def executemany(self, sql: str, rows) -> PostgresCursor:
         statement = translate(sql)
+        if self.budget is not None:
+            self._within_budget()
         cursor = self.raw.cursor()
-        if statement.order is None and not statement.lists and not statement.null_tests:
-            cursor.executemany(statement.text, rows)
-        else:
-            cursor.executemany(statement.text, (statement.arguments(row) for row in rows))
+        try:
+            if statement.order is None and not statement.lists and not statement.null_tests:
+                cursor.executemany(statement.text, rows)
+            else:
+                cursor.executemany(statement.text, (statement.arguments(row) for row in rows))
+        except pg_errors.QueryCanceled as exc:
+            raise self._canceled(exc) from exc
         return PostgresCursor(cursor)
+
+    # A read budget: the server stops a statement at statement_timeout, and no statement
+    # starts once the deadline has passed. The timeout is the time left, tightened as it
+    # shrinks (at most a tenth over it, and a SET only every tenth of the time left).
+    def start_budget(self, budget: Budget) -> None:
+        self.budget = budget
+        self._within_budget()
+
+    def end_budget(self) -> None:
+        """Back to the session's own statement_timeout, the transaction the stop may have
+        cut short rolled back; a connection that cannot is closed (the pool replaces it)."""
+        self.budget = None
+        if self.closed:
+            return
+        try:
+            if self.in_transaction:
+                self.raw.execute("ROLLBACK")
+            if self._statement_timeout_ms:
+                self.raw.execute("RESET statement_timeout")
+        except psycopg.Error:
+            self.raw.close()
+        self._statement_timeout_ms = 0
+
+    def _within_budget(self) -> None:
+        budget = self.budget
+        left_ms = budget.remaining() * 1000
+        if left_ms <= 0:
+            budget.tripped = True
+            raise ReadBudgetExceeded(budget.seconds)
+        if not self._statement_timeout_ms or left_ms < 0.9 * self._statement_timeout_ms:
+            timeout = max(1, math.ceil(left_ms))
+            try:
+                self.raw.execute(f"SET statement_timeout = {timeout}")  # sql-safe: an int
+            except pg_errors.QueryCanceled as exc:
+                raise self._canceled(exc) from exc
+            self._statement_timeout_ms = timeout
+
+    def _canceled(self, exc: pg_errors.QueryCanceled) -> Exception:
+        """A statement the server canceled: under a budget, the budget stopped it."""
+        if self.budget is None:
+            return exc
+        self.budget.tripped = True
+        return ReadBudgetExceeded(self.budget.seconds)
 
     def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence]) -> None:
         """COPY the rows, each in `columns` order, into `table`, in their order. Many rows
@@ -519,6 +585,9 @@ class PostgresDatabase:
         local.pid = os.getpid()
         try:
             self._ensure_schema(local.conn)
+            budget = getattr(local, "budget", None)
+            if budget is not None:  # a connection replaced within a read budget keeps it
+                local.conn.start_budget(budget)
         except BaseException:
             self.release()
             raise
@@ -528,6 +597,32 @@ class PostgresDatabase:
         """Nothing to do: the server recycles its own write-ahead log (storage.db's does the
         work for SQLite)."""
 
+    @contextmanager
+    def read_budget(self, seconds: float | None, *,
+                    check_steps: int = READ_BUDGET_CHECK_STEPS,
+                    clock: Callable[[], float] = time.monotonic, since: float | None = None):
+        """Stop this thread's statements once `seconds` have passed (since `since`, a
+        reading of `clock`, or now): the server cancels a
+        statement at statement_timeout (the time left), and none starts after the deadline;
+        either raises ReadBudgetExceeded out of the block (None: no budget). Inside an
+        outer budget, the outer one holds. On the way out the lent connection gets its own
+        statement_timeout back and any transaction the stop cut short is rolled back, so
+        the pool lends it healthy. `check_steps` is SQLite's (storage.db.Database)."""
+        local = self._local
+        if seconds is None or getattr(local, "budget", None) is not None:
+            yield
+            return
+        budget = Budget(seconds, clock, since)
+        local.budget = budget
+        try:
+            self.conn().start_budget(budget)
+            yield
+        finally:
+            local.budget = None
+            current = getattr(local, "conn", None)
+            if current is not None and getattr(local, "pid", None) == os.getpid():
+                current.end_budget()
+
     def release(self) -> None:
         """Give this thread's connection back to the pool (a no-op when it has none)."""
         local = self._local
@@ -535,6 +630,8 @@ class PostgresDatabase:
         local.conn = None
         if current is None or getattr(local, "pid", None) != os.getpid():
             return
+        if current.budget is not None:
+            current.end_budget()
         _abandon(current)
         pool = self._pool
         if pool is not None and self._pool_pid == os.getpid():
