@@ -99,7 +99,7 @@ def sessions_and_events(site_id: int, events: int, start_ms: int, end_ms: int,
                 None, None, None, None, props and orjson.dumps(props).decode(), country,
                 browser, os_name, device,
                 source if n == 0 and medium else None, medium if n == 0 else None,
-                campaign if n == 0 else None, None, None, None, None, None, None, None),
+                campaign if n == 0 else None, None, None, None, None, None, None, None, None),
                 session_id))
             ts += rnd.randint(5_000, 240_000)
         last = rows[-1][0].ts

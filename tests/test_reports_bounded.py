@@ -59,7 +59,7 @@ def _event(rnd: random.Random, ts: int, session: int | None, visitor: int,
         None, None, "u1" if name == "$identify" else None,
         None if props is None else orjson.dumps(props).decode(), rnd.choice(COUNTRIES),
         rnd.choice(BROWSERS), None, rnd.choice(DEVICES), None, None, None, None, None, None,
-        None, None, None, None), session)
+        None, None, None, None, None), session)
 
 
 def seed_traffic(db, seed: int, sessions: int = 60) -> None:
