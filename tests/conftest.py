@@ -71,6 +71,25 @@ def counting_bytes():
 
 BACKENDS = ("sqlite", "postgres")
 
+# The deadline of every wait on a condition (a server up, events stored, a page drawn): a
+# loaded machine (`make test-loaded`: twice as many busy processes as cores) is many times
+# slower than a quiet one. A condition met early ends the wait at once, so the quiet path
+# pays nothing for the room.
+WAIT = 120.0
+
+
+def wait_until(condition, timeout: float = WAIT, interval: float = 0.01) -> bool:
+    """Whether `condition()` became true before `timeout` seconds; polls quickly at first,
+    then every quarter second at most."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+        interval = min(interval * 1.5, 0.25)
+
 
 def pytest_configure(config):
     config.addinivalue_line(
