@@ -229,7 +229,7 @@ def run_cli(*args: str, db: str, check: bool = True, env: dict | None = None,
     """The real `tally` console script, as an outside user runs it (stdin: input_text)."""
     full_env = {**_without_database(os.environ), **database_env(db), **(env or {})}
     proc = subprocess.run([str(BIN / "tally"), *args], capture_output=True, text=True,
-                          env=full_env, cwd=REPO, timeout=60, input=input_text or "")
+                          env=full_env, cwd=REPO, timeout=WAIT, input=input_text or "")
     if check and proc.returncode != 0:
         raise AssertionError(f"tally {' '.join(args)} failed: {proc.stderr}")
     return proc
@@ -321,7 +321,7 @@ def database_dump(db_path: str) -> str:
             conn.close()
     schema = rows(db_path, "SELECT current_schema() AS name")[0]["name"]
     return subprocess.run(["pg_dump", f"--schema={schema}", f"--dbname={db_path}"],
-                          check=True, capture_output=True, text=True, timeout=60).stdout
+                          check=True, capture_output=True, text=True, timeout=WAIT).stdout
 
 
 def _postgres_rows(url: str, sql: str, params) -> list[dict]:
@@ -390,27 +390,28 @@ class Server:
             stdout=self._log, stderr=subprocess.STDOUT,
         )
 
-    def wait_ready(self, timeout: float = 30) -> Server:
+    def wait_ready(self, timeout: float = WAIT) -> Server:
         import urllib.request
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def answers() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"gunicorn exited: {self.log()}")
             try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as resp:
-                    if resp.status == 200:
-                        return self
+                with urllib.request.urlopen(self.url + "/healthz", timeout=10) as resp:
+                    return resp.status == 200
             except OSError:
-                time.sleep(0.1)
-        raise AssertionError(f"gunicorn not ready: {self.log()}")
+                return False
+
+        if not wait_until(answers, timeout):
+            raise AssertionError(f"gunicorn not ready after {timeout:g} s: {self.log()}")
+        return self
 
     def log(self) -> str:
         if not self._log.closed:
             self._log.flush()
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = WAIT) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -444,7 +445,7 @@ def http(method: str, url: str, body: bytes | None = None, headers: dict | None 
 
     request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
+        with urllib.request.urlopen(request, timeout=WAIT) as resp:
             return resp.status, resp.headers, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.headers, err.read()

@@ -10,7 +10,7 @@ import pytest
 
 from reports.days import DIMENSIONS
 from storage.db import schema
-from tests.conftest import bearer, cli_json, execute, is_postgres, rows, run_cli
+from tests.conftest import WAIT, bearer, cli_json, execute, is_postgres, rows, run_cli
 from tests.test_attribution_e2e import UA, UA_PHONE, identify, pageview
 
 DAYS = ("2026-09-21", "2026-09-22", "2026-09-23")
@@ -48,7 +48,7 @@ def history(client, tally, site, clock, db_path):
           "uid": "user-1"})
     clock.advance(DAY_S)
     send(pageview(site_id, "https://example.com/", ip=NL))
-    assert tally.flusher.flush_now(timeout=30)
+    assert tally.flusher.flush_now(timeout=WAIT)
     tally.stop(timeout=10)
     return {"site": site_id, "db": db_path}
 
@@ -209,7 +209,7 @@ def test_visitor_erase_takes_the_browser_id_of_the_script(client, tally, site, c
              "v": browser_id}), headers={"User-Agent": UA}, content_type="text/plain",
             extra_environ={"REMOTE_ADDR": GB})
         assert resp.status_int == 204
-    assert tally.flusher.flush_now(timeout=30)
+    assert tally.flusher.flush_now(timeout=WAIT)
     tally.stop(timeout=10)
     assert count(db_path, "events") == 2
     result = cli_json("visitor", "erase", "--site", site["site"]["id"], "--visitor", browser_id,
