@@ -4,6 +4,7 @@ folder and run there with a python3 outside the project's venv: on its embedded 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
 import shutil
@@ -35,10 +36,21 @@ def test_packaged_data_files_are_links_to_the_top_level_sources():
 
 @pytest.fixture(scope="module")
 def pyz(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("build") / "tally.pyz"
-    proc = subprocess.run(["make", "--no-print-directory", "dist", f"PYZ={out}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    """dist/tally.pyz, built once per test run: by the first of make test's processes to
+    need it, the others waiting for it (builds share the repository's build folder)."""
+    run_folder = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_folder = run_folder.parent  # shared by this run's processes only
+    out = run_folder / "dist-build" / "tally.pyz"
+    out.parent.mkdir(exist_ok=True)
+    with open(out.parent / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            partial = out.with_suffix(".partial")
+            proc = subprocess.run(["make", "--no-print-directory", "dist", f"PYZ={partial}"],
+                                  cwd=REPO, capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            partial.rename(out)
     return out
 
 

@@ -129,6 +129,7 @@ def test_each_operation_documents_its_errors(name, operation):
             assert resolve(schema["allOf"][0]) is resolve(DOCUMENT["components"]["schemas"]["Error"])
 
 
+@pytest.mark.empty_schema
 def test_importing_app_opens_neither_the_document_nor_the_database(db_path):
     """The YAML is read at the first request, never at import, nor the database (its file,
     or the PostgreSQL schema the first connection would fill)."""
