@@ -33,72 +33,81 @@ from psycopg import sql
 # Rows deleted from one schema over its uses before it is dropped instead of emptied.
 RETIRE_AFTER_ROWS = 20_000
 
-# What a test can change in a schema besides its rows, one text line per object.
+# What a test can change in a schema besides its rows, one text line per object. Every
+# object made in a schema depends on it in pg_depend (indexes, constraints, triggers and
+# statistics on their table), so each catalog is read through its index, not scanned: the
+# test server holds hundreds of schemas.
 _CATALOG = """
+WITH objects AS MATERIALIZED (
+  SELECT d.classid, d.objid FROM pg_depend d
+   WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = %(ns)s),
+rels AS MATERIALIZED (
+  SELECT c.* FROM pg_class c
+   WHERE c.oid IN (SELECT objid FROM objects WHERE classid = 'pg_class'::regclass)
+  UNION ALL
+  SELECT c.* FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+   WHERE i.indrelid IN (SELECT objid FROM objects WHERE classid = 'pg_class'::regclass))
 SELECT md5(coalesce(string_agg(replace(item, %(prefix)s, ''), E'\\n' ORDER BY item), ''))
   FROM (
   SELECT 'nsp ' || coalesce(n.nspacl::text, '') || ' ' || n.nspowner AS item
     FROM pg_namespace n WHERE n.oid = %(ns)s
   UNION ALL
-  SELECT 'rel ' || c.relname || ' ' || c.relkind::text || c.relpersistence::text || c.relreplident::text
-         || ' ' || c.relrowsecurity || c.relforcerowsecurity || ' ' || c.relowner
-         || ' ' || coalesce(c.relacl::text, '') || ' ' || coalesce(c.reloptions::text, '')
-    FROM pg_class c WHERE c.relnamespace = %(ns)s
+  SELECT 'object ' || o.classid::regclass::text || ' ' || count(*)
+    FROM objects o GROUP BY o.classid
+  UNION ALL
+  SELECT 'rel ' || c.relname || ' ' || c.relkind::text || c.relpersistence::text
+         || c.relreplident::text || ' ' || c.relrowsecurity || c.relforcerowsecurity || ' '
+         || c.relowner || ' ' || coalesce(c.relacl::text, '') || ' '
+         || coalesce(c.reloptions::text, '')
+    FROM rels c
   UNION ALL
   SELECT 'col ' || c.relname || '.' || a.attname || ' ' || a.attnum || ' '
          || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull || ' '
          || a.attidentity::text || a.attgenerated::text || ' ' || a.attcollation || ' '
          || a.attstattarget || ' ' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
-    FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+    FROM rels c JOIN pg_attribute a ON a.attrelid = c.oid
     LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-   WHERE c.relnamespace = %(ns)s AND a.attnum > 0 AND NOT a.attisdropped
+   WHERE a.attnum > 0 AND NOT a.attisdropped
   UNION ALL
-  SELECT 'con ' || c.conrelid::regclass::text || ' ' || c.conname || ' '
-         || pg_get_constraintdef(c.oid) || ' ' || c.condeferrable || c.condeferred
-         || c.convalidated
-    FROM pg_constraint c WHERE c.connamespace = %(ns)s
+  SELECT 'con ' || c.relname || ' ' || k.conname || ' ' || pg_get_constraintdef(k.oid) || ' '
+         || k.condeferrable || k.condeferred || k.convalidated
+    FROM rels c JOIN pg_constraint k ON k.conrelid = c.oid
   UNION ALL
   SELECT 'idx ' || pg_get_indexdef(i.indexrelid) || ' ' || i.indisvalid || i.indisclustered
-    FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relnamespace = %(ns)s
+    FROM rels c JOIN pg_index i ON i.indexrelid = c.oid
   UNION ALL
-  SELECT 'trg ' || pg_get_triggerdef(t.oid) || ' ' || t.tgenabled::text
-    FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-   WHERE c.relnamespace = %(ns)s AND NOT t.tgisinternal
+  SELECT 'trg ' || c.relname || ' ' || t.tgname || ' ' || t.tgenabled::text || ' '
+         || CASE WHEN t.tgisinternal THEN 'internal' ELSE pg_get_triggerdef(t.oid) END
+    FROM rels c JOIN pg_trigger t ON t.tgrelid = c.oid
   UNION ALL
-  SELECT 'internal trg ' || t.tgrelid::regclass::text || ' ' || t.tgenabled::text || ' '
-         || count(*)
-    FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-   WHERE c.relnamespace = %(ns)s AND t.tgisinternal GROUP BY t.tgrelid, t.tgenabled::text
+  SELECT 'seq ' || c.relname || ' ' || s.seqtypid || ' ' || s.seqstart || ' '
+         || s.seqincrement || ' ' || s.seqmax || ' ' || s.seqmin || ' ' || s.seqcache || ' '
+         || s.seqcycle
+    FROM rels c JOIN pg_sequence s ON s.seqrelid = c.oid
   UNION ALL
-  SELECT 'fn ' || p.oid::regprocedure::text || ' ' || md5(replace(pg_get_functiondef(p.oid), %(prefix)s, ''))
+  SELECT 'rule ' || c.relname || ' ' || r.rulename || ' ' || r.ev_enabled::text
+    FROM rels c JOIN pg_rewrite r ON r.ev_class = c.oid
+  UNION ALL
+  SELECT 'policy ' || c.relname || ' ' || p.polname
+    FROM rels c JOIN pg_policy p ON p.polrelid = c.oid
+  UNION ALL
+  SELECT 'stat ' || c.relname || ' ' || s.staattnum
+    FROM rels c JOIN pg_statistic s ON s.starelid = c.oid
+  UNION ALL
+  SELECT 'stat ext ' || c.relname || ' ' || x.stxname
+    FROM rels c JOIN pg_statistic_ext x ON x.stxrelid = c.oid
+  UNION ALL
+  SELECT 'comment ' || c.relname || ' ' || d.objsubid || ' ' || md5(d.description)
+    FROM rels c JOIN pg_description d ON d.objoid = c.oid AND d.classoid = 'pg_class'::regclass
+  UNION ALL
+  SELECT 'fn ' || p.oid::regprocedure::text || ' ' || p.prokind::text || ' '
+         || CASE WHEN p.prokind = 'a' THEN ''
+                 ELSE md5(replace(pg_get_functiondef(p.oid), %(prefix)s, '')) END
          || ' ' || coalesce(p.proacl::text, '') || ' ' || coalesce(p.proconfig::text, '')
-    FROM pg_proc p WHERE p.pronamespace = %(ns)s AND p.prokind IN ('f', 'p', 'w')
-  UNION ALL
-  SELECT 'agg ' || p.oid::regprocedure::text
-    FROM pg_proc p WHERE p.pronamespace = %(ns)s AND p.prokind = 'a'
-  UNION ALL
-  SELECT 'seq ' || s.seqrelid::regclass::text || ' ' || s.seqtypid || ' ' || s.seqstart
-         || ' ' || s.seqincrement || ' ' || s.seqmax || ' ' || s.seqmin || ' ' || s.seqcache
-         || ' ' || s.seqcycle
-    FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid WHERE c.relnamespace = %(ns)s
+    FROM pg_proc p WHERE p.oid IN (SELECT objid FROM objects WHERE classid = 'pg_proc'::regclass)
   UNION ALL
   SELECT 'type ' || t.typname || ' ' || t.typtype::text
-    FROM pg_type t WHERE t.typnamespace = %(ns)s
-  UNION ALL
-  SELECT 'rule ' || r.rulename || ' ' || r.ev_class::regclass::text || ' ' || r.ev_enabled::text
-    FROM pg_rewrite r JOIN pg_class c ON c.oid = r.ev_class WHERE c.relnamespace = %(ns)s
-  UNION ALL
-  SELECT 'policy ' || p.polname || ' ' || p.polrelid::regclass::text
-    FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid WHERE c.relnamespace = %(ns)s
-  UNION ALL
-  SELECT 'stat ' || s.starelid::regclass::text || ' ' || s.staattnum
-    FROM pg_statistic s JOIN pg_class c ON c.oid = s.starelid WHERE c.relnamespace = %(ns)s
-  UNION ALL
-  SELECT 'stat ext ' || s.stxname
-    FROM pg_statistic_ext s WHERE s.stxnamespace = %(ns)s
-  UNION ALL
-  SELECT 'comment ' || d.objoid || ' ' || d.objsubid || ' ' || md5(d.description)
-    FROM pg_description d JOIN pg_class c ON c.oid = d.objoid WHERE c.relnamespace = %(ns)s
+    FROM pg_type t WHERE t.oid IN (SELECT objid FROM objects WHERE classid = 'pg_type'::regclass)
 ) items
 """
 

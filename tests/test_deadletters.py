@@ -17,6 +17,7 @@ from tests.conftest import (
     is_postgres,
     rows,
     run_cli,
+    wait_until,
 )
 from tests.test_ingest import NOW_MS, count, make_flusher, unit
 from validation.event import parse_events
@@ -127,8 +128,9 @@ def test_a_database_that_fails_for_every_write_keeps_every_event(store, db_path)
     flusher = make_flusher(store)
     assert flusher.submit(titled(["a", "poison", "b"]))
     assert not flusher.flush_now(timeout=0.5)
+    # The good events are stored; the poison one stays held, its dead letter refused.
+    assert wait_until(lambda: count(db_path) == 2 and flusher.queue.held == 1)
     assert count(db_path, "SELECT count(*) FROM dead_letters") == 0
-    assert count(db_path) == 2 and flusher.queue.held == 1  # the poison event still held
     drop_trigger(db_path, "refuse_letters", "dead_letters")
     assert flusher.flush_now(timeout=WAIT)
     assert count(db_path) == 2 and count(db_path, "SELECT count(*) FROM dead_letters") == 1

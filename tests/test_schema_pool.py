@@ -117,12 +117,17 @@ def test_a_connection_left_on_the_old_name_no_longer_reaches_it(pool):
     pool.give_back(again)
 
 
-@pytest.mark.parametrize("change", ["trigger", "column", "version", "analyze"])
+@pytest.mark.parametrize("change", ["trigger", "trigger off", "index", "column", "version",
+                                    "analyze"])
 def test_a_schema_a_test_changed_is_dropped_not_reused(pool, change):
     url = pool.take()
     if change == "trigger":  # a function and a trigger, the trigger dropped again
         fill_postgres_disk(url, ("events",))
         free_postgres_disk(url, ("events",))
+    elif change == "trigger off":
+        execute(url, "ALTER TABLE customers DISABLE TRIGGER first_touch_new_customer")
+    elif change == "index":
+        execute(url, "CREATE INDEX events_by_name ON events (name)")
     elif change == "column":
         execute(url, "ALTER TABLE events ADD COLUMN extra TEXT")
     elif change == "version":
