@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 BIND ?= 127.0.0.1:8000
 WORKERS ?= 2
 
-.PHONY: install system-deps run test lint bench bench-dist bench-reads fuzz clean dist dist-binary test-dist-binary
+.PHONY: install system-deps run test test-loaded lint bench bench-dist bench-reads fuzz clean dist dist-binary test-dist-binary
 
 install: $(VENV)/.installed
 
@@ -68,6 +68,13 @@ system-deps:
 PYTEST_WORKERS ?= 3
 test: install system-deps
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
+
+# The whole suite while stress-ng keeps LOAD_FACTOR x cores CPU-bound processes busy
+# (scripts/test-loaded.sh; stress-ng is installed through apt like system-deps).
+LOAD_FACTOR ?= 2
+test-loaded: install
+	@bash scripts/system-deps.sh stress-ng
+	@LOAD_FACTOR=$(LOAD_FACTOR) MAKE="$(MAKE)" PYTEST_WORKERS=$(PYTEST_WORKERS) bash scripts/test-loaded.sh
 
 lint: install
 	$(BIN)/ruff check .

@@ -3,11 +3,16 @@
 # driver, nginx) when they are missing and we may: as root, or through sudo.
 # Under CI=true a package that cannot be installed fails the run; elsewhere the tests
 # that need it skip with a loud message.
+# Arguments name more tools, each from the Debian package of the same name
+# (`make test-loaded` asks for stress-ng).
 set -u
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+for tool in "$@"; do
+  command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
+done
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then

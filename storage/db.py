@@ -290,6 +290,15 @@ class Database:
             raise
 
     @contextmanager
+    def storage_errors(self):
+        """Maps sqlite's errors inside the block as transaction() does, for a read on the
+        request path: a busy or locked file is StorageBusy (503), not an unhandled error."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise _storage_error(exc) from exc
+
+    @contextmanager
     def snapshot(self, conn: sqlite3.Connection | None = None):
         """A read transaction (BEGIN ... COMMIT): every query inside sees one state."""
         conn = conn or self.conn()

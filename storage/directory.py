@@ -152,15 +152,18 @@ class Directory:
         ]
 
     def find_site(self, public_id: str) -> SiteRecord | None:
-        conn = self.db.conn()
-        row = conn.execute(
-            "SELECT s.id, s.public_id, a.id, a.public_id, a.plan"
-            " FROM sites s JOIN accounts a ON a.id = s.account_id WHERE s.public_id = ?",
-            (public_id,),
-        ).fetchone()
-        if row is None:
-            return None
-        return SiteRecord(*row, hosts=frozenset(self._hosts(conn, row[0])))
+        """The site, or None when there is none; a busy database raises StorageBusy (never
+        None: "no such site" must not stand for "could not look")."""
+        with self.db.storage_errors():
+            conn = self.db.conn()
+            row = conn.execute(
+                "SELECT s.id, s.public_id, a.id, a.public_id, a.plan"
+                " FROM sites s JOIN accounts a ON a.id = s.account_id WHERE s.public_id = ?",
+                (public_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            return SiteRecord(*row, hosts=frozenset(self._hosts(conn, row[0])))
 
     @staticmethod
     def _hosts(conn: sqlite3.Connection, site_id: int) -> list[str]:
@@ -221,15 +224,14 @@ class Directory:
         return {"id": key_id, "revoked": True}
 
     def find_key(self, secret_hash: bytes) -> KeyRecord | None:
-        row = (
-            self.db.conn()
-            .execute(
+        """The key, or None when no key has that hash; a busy or unreachable database raises
+        StorageBusy (a 503 to retry), never None, which would refuse a valid key 401."""
+        with self.db.storage_errors():
+            row = self.db.conn().execute(
                 "SELECT k.public_id, k.site_id, s.public_id, k.scopes, k.revoked_at, k.secret_hash"
                 " FROM api_keys k JOIN sites s ON s.id = k.site_id WHERE k.secret_hash = ?",
                 (secret_hash,),
-            )
-            .fetchone()
-        )
+            ).fetchone()
         if row is None or not secrets.compare_digest(row[5], secret_hash):
             return None
         return KeyRecord(row[0], row[1], row[2], frozenset(row[3].split(",")), row[4] is not None)

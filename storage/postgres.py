@@ -710,6 +710,15 @@ class PostgresDatabase:
             raise
 
     @contextmanager
+    def storage_errors(self):
+        """Maps psycopg's errors inside the block as transaction() does, for a read on the
+        request path: a lock wait past lock_timeout or a lost connection is StorageBusy."""
+        try:
+            yield
+        except psycopg.Error as exc:
+            raise storage_error(exc) from exc
+
+    @contextmanager
     def snapshot(self, conn: PostgresConnection | None = None):
         """A read transaction at REPEATABLE READ: every query inside sees one state."""
         conn = conn or self.conn()

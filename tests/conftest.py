@@ -3,8 +3,10 @@ own on the test PostgreSQL server), an injectable clock, real processes.
 
 Every test that uses `db_path` (directly or through config, tally, client, ...) runs on
 both backends: `db_path` is the SQLite file's path or a postgresql:// URL whose
-search_path is the test's own schema. Mark a test `sqlite_only` when what it checks is
-the SQLite file itself (its upgrades, its backup, its permissions)."""
+search_path is the test's own schema, holding Tally's tables and no rows (made for it, or
+emptied after an earlier test and renamed: tests/schema_pool.py). Mark a test `sqlite_only`
+when what it checks is the SQLite file itself (its upgrades, its backup, its permissions),
+and `empty_schema` when it checks what Tally does to an empty PostgreSQL schema."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import time
 import uuid
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import orjson
 import pytest
@@ -29,6 +31,7 @@ from hypothesis import settings
 from app import create_app
 from config import Config
 from tests.realparts import POSTGRES_URL, postgres_admin
+from tests.schema_pool import SchemaPool, schema_url
 
 # make test runs every property test with fixed examples and no deadline, so a shared,
 # noisy machine can neither turn up a new example nor time one out; make fuzz
@@ -71,10 +74,32 @@ def counting_bytes():
 
 BACKENDS = ("sqlite", "postgres")
 
+# The deadline of every wait on a condition (a server up, events stored, a page drawn): a
+# loaded machine (`make test-loaded`: twice as many busy processes as cores) is many times
+# slower than a quiet one. A condition met early ends the wait at once, so the quiet path
+# pays nothing for the room.
+WAIT = 120.0
+
+
+def wait_until(condition, timeout: float = WAIT, interval: float = 0.01) -> bool:
+    """Whether `condition()` became true before `timeout` seconds; polls quickly at first,
+    then every quarter second at most."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+        interval = min(interval * 1.5, 0.25)
+
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "sqlite_only: checks the SQLite file itself; not run on PostgreSQL")
+    config.addinivalue_line(
+        "markers", "empty_schema: on PostgreSQL, db_path is a new schema without Tally's"
+                   " tables (for a test of what Tally does to an empty database)")
 
 
 # The tables the catalog churn of a schema per test leaves dead rows in. A server without
@@ -85,6 +110,8 @@ CHURNED_CATALOGS = ("pg_attribute", "pg_class", "pg_type", "pg_depend", "pg_inde
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _schema_pool is not None:
+        _schema_pool.close()
     if hasattr(session.config, "workerinput"):
         return  # xdist: the controlling process vacuums once, after every worker
     import psycopg
@@ -125,9 +152,8 @@ def new_postgres_schema():
     admin = postgres_admin()
     name = f"tally_t_{uuid.uuid4().hex[:12]}"
     admin.execute(f'CREATE SCHEMA "{name}"')
-    separator = "&" if "?" in POSTGRES_URL else "?"
     try:
-        yield f"{POSTGRES_URL}{separator}options={quote(f'-csearch_path={name}')}"
+        yield schema_url(POSTGRES_URL, name)
     finally:
         try:
             admin.execute("SET lock_timeout = '10s'")
@@ -138,9 +164,26 @@ def new_postgres_schema():
 
 @pytest.fixture
 def postgres_schema():
-    """A URL for a new, empty schema on the test server, dropped after the test."""
+    """A URL for a new, empty schema on the test server, dropped after the test: for tests
+    of what Tally does to a schema (creating, upgrading, copying into it)."""
     with new_postgres_schema() as url:
         yield url
+
+
+_schema_pool: SchemaPool | None = None
+
+
+@pytest.fixture
+def pooled_postgres_schema():
+    """A URL for a schema holding Tally's tables and no rows, as `tally init` leaves a new
+    one: made for this test, or one an earlier test of this process gave back, emptied and
+    renamed (tests/schema_pool.py says how it is kept equal to a new one)."""
+    global _schema_pool
+    if _schema_pool is None:
+        _schema_pool = SchemaPool(POSTGRES_URL, postgres_admin)
+    url = _schema_pool.take()
+    yield url
+    _schema_pool.give_back(url)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +204,9 @@ def module_database(tmp_path_factory):
 def db_path(request, backend, tmp_path) -> str:
     """The test's database: a SQLite file's path, or a PostgreSQL URL (see the module doc)."""
     if backend == "postgres":
-        return request.getfixturevalue("postgres_schema")
+        if request.node.get_closest_marker("empty_schema") is not None:
+            return request.getfixturevalue("postgres_schema")
+        return request.getfixturevalue("pooled_postgres_schema")
     return str(tmp_path / "tally.db")
 
 
@@ -210,7 +255,7 @@ def run_cli(*args: str, db: str, check: bool = True, env: dict | None = None,
     """The real `tally` console script, as an outside user runs it (stdin: input_text)."""
     full_env = {**_without_database(os.environ), **database_env(db), **(env or {})}
     proc = subprocess.run([str(BIN / "tally"), *args], capture_output=True, text=True,
-                          env=full_env, cwd=REPO, timeout=60, input=input_text or "")
+                          env=full_env, cwd=REPO, timeout=WAIT, input=input_text or "")
     if check and proc.returncode != 0:
         raise AssertionError(f"tally {' '.join(args)} failed: {proc.stderr}")
     return proc
@@ -302,7 +347,7 @@ def database_dump(db_path: str) -> str:
             conn.close()
     schema = rows(db_path, "SELECT current_schema() AS name")[0]["name"]
     return subprocess.run(["pg_dump", f"--schema={schema}", f"--dbname={db_path}"],
-                          check=True, capture_output=True, text=True, timeout=60).stdout
+                          check=True, capture_output=True, text=True, timeout=WAIT).stdout
 
 
 def _postgres_rows(url: str, sql: str, params) -> list[dict]:
@@ -371,27 +416,28 @@ class Server:
             stdout=self._log, stderr=subprocess.STDOUT,
         )
 
-    def wait_ready(self, timeout: float = 30) -> Server:
+    def wait_ready(self, timeout: float = WAIT) -> Server:
         import urllib.request
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def answers() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"gunicorn exited: {self.log()}")
             try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as resp:
-                    if resp.status == 200:
-                        return self
+                with urllib.request.urlopen(self.url + "/healthz", timeout=10) as resp:
+                    return resp.status == 200
             except OSError:
-                time.sleep(0.1)
-        raise AssertionError(f"gunicorn not ready: {self.log()}")
+                return False
+
+        if not wait_until(answers, timeout):
+            raise AssertionError(f"gunicorn not ready after {timeout:g} s: {self.log()}")
+        return self
 
     def log(self) -> str:
         if not self._log.closed:
             self._log.flush()
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = WAIT) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -425,7 +471,7 @@ def http(method: str, url: str, body: bytes | None = None, headers: dict | None 
 
     request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
+        with urllib.request.urlopen(request, timeout=WAIT) as resp:
             return resp.status, resp.headers, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.headers, err.read()

@@ -11,7 +11,7 @@ import webtest
 
 from app import create_app
 from config import Config
-from tests.conftest import FakeClock, bearer, cli_json, run_cli
+from tests.conftest import WAIT, FakeClock, bearer, cli_json, run_cli
 
 PASSWORD = "correct horse battery staple"
 UA = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
@@ -72,7 +72,7 @@ def traffic(tally, site: dict, now: float, advance=None) -> None:
             send({"s": sid, "e": "signup", "u": "https://shop.test/signup", "ip": ip, "ua": ua})
             send({"s": sid, "e": "$identify", "u": "https://shop.test/account", "uid": user_id,
                   "ip": ip, "ua": ua})
-    assert tally.flusher.flush_now(timeout=30)
+    assert tally.flusher.flush_now(timeout=WAIT)
     paid_at = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for n, (user_id, amount) in enumerate((("u-1", 49), ("u-2", 19), ("u-3", 99)), start=1):
         payment = {"payment_id": f"pay_{n}", "amount": amount, "currency": "EUR",

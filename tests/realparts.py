@@ -50,6 +50,9 @@ def chromium_driver(*, host_rules: str = "MAP *.test 127.0.0.1", user_agent: str
                 f"--window-size={width},{height}", *extra_args):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # A slow start is waited for (chromedriver's default is 60 s); selenium's own wait for
+    # the answer is 120 s.
+    options.add_experimental_option("browserStartupTimeout", 110_000)
     return webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
 
 
@@ -62,7 +65,7 @@ def postgres_admin():
     import psycopg
 
     try:
-        return psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=3)
+        return psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=20)
     except psycopg.OperationalError as exc:
         message = (f"*** no PostgreSQL answers at TALLY_TEST_DATABASE_URL={POSTGRES_URL}"
                    f" ({str(exc).strip()}): the PostgreSQL half of this test cannot run. ***")

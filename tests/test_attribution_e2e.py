@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from attribution.build_sources import GOOGLE_LIST
-from tests.conftest import bearer, http
+from tests.conftest import WAIT, bearer, http
 
 UA = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
 UA_PHONE = ("Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 "
@@ -52,7 +52,7 @@ def api(client, tally, site, clock):
             clock.advance(60)
 
         def flush(self):
-            assert tally.flusher.flush_now(timeout=30)
+            assert tally.flusher.flush_now(timeout=WAIT)
 
         def pay(self, body):
             client.post_json("/api/v1/payments", body, headers=headers, status=200)
@@ -207,7 +207,7 @@ def test_end_to_end_against_gunicorn(server_factory, db_path, tmp_path):
         return orjson.loads(data)["data"]["attribution"]
 
     def eventually(payment_id, channel):
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + WAIT
         while (found := channel_of(payment_id))["channel"] != channel:
             assert time.monotonic() < deadline, f"{payment_id}: still {found}"
             time.sleep(0.05)

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.conftest import bearer, cli_json, http, is_postgres, rows
+from tests.conftest import WAIT, bearer, cli_json, http, is_postgres, rows
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_backups_under_load_are_consistent_and_restore(db_path, server_factory, 
     try:
         # Acknowledged is not yet stored: wait (bounded) until a flush has stored some, so
         # every copy below holds events, however loaded the machine is.
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WAIT
         while (sent["events"] < 200 or not rows(db_path, "SELECT 1 FROM events LIMIT 1")) \
                 and time.monotonic() < deadline:
             threading.Event().wait(0.05)
@@ -65,7 +65,7 @@ def test_backups_under_load_are_consistent_and_restore(db_path, server_factory, 
     finally:
         stop.set()
         for writer in writers:
-            writer.join(30)
+            writer.join(WAIT)
     counts = []
     for copy in copies:
         restored = restore_backup(db_path, copy)

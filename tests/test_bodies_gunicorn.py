@@ -7,11 +7,11 @@ import http.client
 import orjson
 import pytest
 
-from tests.conftest import cli_json
+from tests.conftest import WAIT, cli_json
 
 
 def _chunked_post(server, path, body: bytes, key: str):
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=WAIT)
     conn.putrequest("POST", path)
     conn.putheader("Authorization", f"Bearer {key}")
     conn.putheader("Content-Type", "application/json")

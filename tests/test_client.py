@@ -12,7 +12,7 @@ import pytest
 from tally_client import Tally, TallyError
 
 from quota.usage import month_of
-from tests.conftest import WriteLock, cli_json, execute, rows, run_cli
+from tests.conftest import WAIT, WriteLock, cli_json, execute, rows, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def stored(db: str, name: str | None = None) -> int:
     return rows(db, "SELECT count(*) AS n FROM events WHERE name = ?", (name,))[0]["n"]
 
 
-def wait_stored(db: str, expected: int, name: str | None = None, timeout: float = 30) -> int:
+def wait_stored(db: str, expected: int, name: str | None = None, timeout: float = WAIT) -> int:
     """Events reach the database on the server's flush; wait for them (bounded)."""
     deadline = time.monotonic() + timeout
     while (count := stored(db, name)) < expected and time.monotonic() < deadline:
@@ -84,14 +84,14 @@ def test_zero_loss_through_503s_from_a_tiny_queue(db_path, server_factory):
     threads = [threading.Thread(target=send, args=(t,)) for t in range(8)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + WAIT
     while client.stats["retries"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     lock.release()
     for thread in threads:
         thread.join()
     assert client.stats["retries"] > 0, "no 503 while the write lock was held"
-    assert client.flush(timeout=120)
+    assert client.flush(timeout=WAIT)
     assert errors.calls == []
     assert client.stats["sent"] == 8 * PER_THREAD
     assert wait_stored(db, 8 * PER_THREAD) == 8 * PER_THREAD
@@ -113,10 +113,10 @@ def test_over_quota_the_client_stops_sending_instead_of_retrying(db_path, tmp_pa
     client = Tally(server.url, ids["key"], ids["site"], flush_interval=0.01, on_error=errors)
     for n in range(300):
         if n == 60:
-            client.flush(timeout=30)
+            client.flush(timeout=WAIT)
         client.event("pageview", URL, ip="203.0.113.7", ua=UA)
         time.sleep(0.002)
-    client.flush(timeout=30)
+    client.flush(timeout=WAIT)
     events_requests = [line for line in request_log(log) if "/api/v1/events" in line]
     assert events_requests == ["POST /api/v1/events 429"]
     assert client.stats["dropped_quota"] == 300
@@ -137,7 +137,7 @@ def test_a_batch_gets_through_a_server_answering_500_twice(db_path, tmp_path, se
     client = Tally(server.url, ids["key"], ids["site"], backoff_cap=1.0, on_error=errors)
     for n in range(10):
         client.pageview(f"{URL}?n={n}", ip="203.0.113.7", ua=UA)
-    assert client.flush(timeout=60)
+    assert client.flush(timeout=WAIT)
     assert [line.split()[-1] for line in request_log(log)] == ["500", "500", "204"]
     assert errors.calls == []
     assert client.stats == {**client.stats, "sent": 10, "retries": 2, "failed": 0}
@@ -154,7 +154,7 @@ def test_other_4xx_are_reported_once_and_never_retried(db_path, tmp_path, server
     errors = Errors()
     client = Tally(server.url, ids["key"], ids["site"], on_error=errors)
     client.pageview("https://elsewhere.example/", ip="203.0.113.7", ua=UA)
-    assert client.flush(timeout=30)
+    assert client.flush(timeout=WAIT)
     assert request_log(log) == ["POST /api/v1/events 400"]
     [(error, batch)] = errors.calls
     assert (error.status, error.code) == (400, "invalid_input")
@@ -205,11 +205,11 @@ def test_close_under_load_leaves_nothing_queued(db_path, server_factory):
     threads = [threading.Thread(target=send, args=(t,)) for t in range(4)]
     for thread in threads:
         thread.start()
-    time.sleep(0.2)
+    assert wait_until(lambda: sum(queued) >= 1_000)  # closed while the threads still send
     stop.set()
     for thread in threads:
         thread.join()
-    assert client.close(timeout=60)
+    assert client.close(timeout=WAIT)
     assert not client._queue
     assert client.stats["sent"] == sum(queued) > 0
     assert wait_stored(db, sum(queued)) == sum(queued)
@@ -221,15 +221,15 @@ def test_a_forked_child_sends_its_own_events(db_path, server_factory):
     server = server_factory(db, workers=1)
     client = Tally(server.url, ids["key"], ids["site"], flush_interval=0.05)
     client.event("parent", URL, ip="203.0.113.7", ua=UA)
-    assert client.flush(timeout=30)
+    assert client.flush(timeout=WAIT)
     pid = os.fork()
     if pid == 0:  # the child: a sender thread of its own, started on its first event
         ok = all(client.event("child", URL, ip="198.51.100.9", ua=UA) for _ in range(25))
-        os._exit(0 if ok and client.close(timeout=30) else 1)
+        os._exit(0 if ok and client.close(timeout=WAIT) else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     client.event("parent", URL, ip="203.0.113.7", ua=UA)
-    assert client.close(timeout=30)
+    assert client.close(timeout=WAIT)
     assert wait_stored(db, 25, "child") == 25
     assert wait_stored(db, 2, "parent") == 2
 

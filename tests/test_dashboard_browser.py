@@ -14,7 +14,7 @@ import pytest
 
 from app import create_app
 from tests import dashboard_seed as seed
-from tests.conftest import REPO, Server, bearer, cli_json, config_for, http
+from tests.conftest import REPO, WAIT, Server, bearer, cli_json, config_for, http
 from tests.realparts import chromium_driver, require
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def served(db_path):
 @pytest.fixture
 def browser(served):
     driver = chromium_driver(width=1440, height=900)
-    driver.implicitly_wait(10)  # a page reached by a click may still be loading
+    driver.implicitly_wait(WAIT)  # a page reached by a click may still be loading
     yield driver
     driver.quit()
 
@@ -57,6 +57,14 @@ def console_errors(driver) -> list[dict]:
     return [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
+# The charts redraw 50 ms after a resize, at their container's width (dashboard.js).
+CHARTS_FIT = """return Array.from(document.querySelectorAll('.uplot')).every(function (chart) {
+  var wrap = chart.querySelector('.u-wrap');
+  var width = Math.max(280, chart.parentElement.clientWidth);
+  return wrap && Math.abs(wrap.getBoundingClientRect().width - width) < 1;
+});"""
+
+
 def shoot(driver, name: str) -> None:
     """Full-page screenshots at both widths, light and dark."""
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -67,7 +75,7 @@ def shoot(driver, name: str) -> None:
             driver.set_window_size(width, 900)
             height = driver.execute_script("return document.documentElement.scrollHeight")
             driver.set_window_size(width, min(max(height, 600), 5000))
-            time.sleep(0.3)  # the charts redraw 50 ms after a resize
+            wait_until(driver, lambda d: d.execute_script(CHARTS_FIT), "charts not redrawn")
             driver.save_screenshot(str(SHOTS / f"{name}-{width}-{scheme}.png"))
     driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
     driver.set_window_size(1440, 900)
@@ -75,7 +83,7 @@ def shoot(driver, name: str) -> None:
 
 def wait_until(driver, condition, message: str):
     from selenium.webdriver.support.ui import WebDriverWait
-    return WebDriverWait(driver, 20).until(condition, message)
+    return WebDriverWait(driver, WAIT).until(condition, message)
 
 
 def wait_for_url(driver, url: str) -> None:

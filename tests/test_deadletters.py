@@ -9,6 +9,7 @@ import pytest
 from quota.usage import QuotaGuard
 from storage.db import Database
 from tests.conftest import (
+    WAIT,
     FakeClock,
     bearer,
     cli_json,
@@ -16,6 +17,7 @@ from tests.conftest import (
     is_postgres,
     rows,
     run_cli,
+    wait_until,
 )
 from tests.test_ingest import NOW_MS, count, make_flusher, unit
 from validation.event import parse_events
@@ -73,7 +75,7 @@ def test_one_poison_event_is_set_aside_and_every_other_event_is_stored(store, db
     for part in (unit(10), mixed, unit(7)):
         guard.hold((1, "2026-09"), part.counted)
         assert flusher.submit(part)
-    assert flusher.flush_now(timeout=20)
+    assert flusher.flush_now(timeout=WAIT)
     assert count(db_path) == 21  # 10 + the four good events of the mixed unit + 7
     assert count(db_path, "SELECT events FROM monthly_usage") == 21
     assert guard.used((1, "2026-09")) == 21  # the set-aside event no longer held
@@ -87,7 +89,7 @@ def test_one_poison_event_is_set_aside_and_every_other_event_is_stored(store, db
     assert "stored 21 events, set aside 1" in caplog.text
 
     # Later events are stored as before: nothing stays stuck.
-    assert flusher.submit(unit(3)) and flusher.flush_now(timeout=20)
+    assert flusher.submit(unit(3)) and flusher.flush_now(timeout=WAIT)
     assert count(db_path) == 24
     flusher.stop(timeout=5)
 
@@ -111,7 +113,7 @@ def test_a_bug_in_enrichment_for_one_event_sets_only_that_event_aside(store, db_
 
     monkeypatch.setattr(flusher.enricher, "build", build)
     assert flusher.submit(titled(["x", "crash", "y", "z"])) and flusher.submit(unit(4))
-    assert flusher.flush_now(timeout=20)
+    assert flusher.flush_now(timeout=WAIT)
     assert count(db_path) == 7
     (letter,) = rows(db_path, "SELECT reason, event FROM dead_letters")
     assert letter["reason"] == "KeyError: 'parser bug'"
@@ -126,10 +128,11 @@ def test_a_database_that_fails_for_every_write_keeps_every_event(store, db_path)
     flusher = make_flusher(store)
     assert flusher.submit(titled(["a", "poison", "b"]))
     assert not flusher.flush_now(timeout=0.5)
+    # The good events are stored; the poison one stays held, its dead letter refused.
+    assert wait_until(lambda: count(db_path) == 2 and flusher.queue.held == 1)
     assert count(db_path, "SELECT count(*) FROM dead_letters") == 0
-    assert count(db_path) == 2 and flusher.queue.held == 1  # the poison event still held
     drop_trigger(db_path, "refuse_letters", "dead_letters")
-    assert flusher.flush_now(timeout=20)
+    assert flusher.flush_now(timeout=WAIT)
     assert count(db_path) == 2 and count(db_path, "SELECT count(*) FROM dead_letters") == 1
     flusher.stop(timeout=5)
 
@@ -149,7 +152,7 @@ def test_identify_with_a_nul_uid_is_stored_and_does_not_stop_storage(client, tal
     for i in range(5):
         body = {"s": site_id, "e": "pageview", "u": f"https://example.com/{i}", "ua": FIREFOX}
         client.post("/api/v1/events", orjson.dumps(body), headers=headers, status=204)
-    assert tally.flusher.flush_now(timeout=20)
+    assert tally.flusher.flush_now(timeout=WAIT)
     assert count(db_path) == 8
     assert sorted(r["uid"] for r in rows(db_path, "SELECT uid FROM visitor_identities")) == sorted(uids)
     assert sorted(r["uid"] for r in rows(db_path, "SELECT uid FROM events WHERE uid IS NOT NULL")

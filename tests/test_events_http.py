@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from app import create_app
-from tests.conftest import WriteLock, bearer, config_for, database_dump, rows
+from tests.conftest import WAIT, WriteLock, bearer, config_for, database_dump, rows
 from tests.test_http_foundation import assert_envelope
 
 FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
@@ -38,7 +38,7 @@ def stored_names(db_path: str) -> list[str]:
 
 
 def flush(tally) -> None:
-    assert tally.flusher.flush_now(timeout=30)
+    assert tally.flusher.flush_now(timeout=WAIT)
 
 
 # Order of checks -----------------------------------------------------------------
@@ -303,7 +303,7 @@ def batch_of(site_id: str, count: int, name: str) -> dict:
     return {"s": site_id, "b": [{"e": name, "u": "https://example.com/"}] * count}
 
 
-def wait_until(condition, timeout: float = 20.0) -> None:
+def wait_until(condition, timeout: float = WAIT) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
@@ -331,7 +331,7 @@ def test_queue_full_is_503_and_takes_nothing_of_the_request(small_queue, db_path
         assert_envelope(post(client, key, pageview(site_id, e="one more")), 503, "rate_limited")
     finally:
         blocker.release()
-    assert small_queue.flusher.flush_now(timeout=30)
+    assert small_queue.flusher.flush_now(timeout=WAIT)
     names = stored_names(db_path)
     assert names.count("first") == 50 and names.count("last") == 10 and len(names) == 60
     assert rows(db_path, "SELECT events FROM monthly_usage") == [{"events": 60}]
@@ -348,7 +348,7 @@ def test_nothing_is_lost_while_the_database_is_locked(small_queue, db_path):
     site_id = directory.create_site(account["id"], ["example.com"])["id"]
     key = directory.create_key(site_id, ["events"])["key"]
     assert post(client, key, pageview(site_id, e="before")).status_int == 204
-    assert small_queue.flusher.flush_now(timeout=30)
+    assert small_queue.flusher.flush_now(timeout=WAIT)
 
     blocker = WriteLock(db_path)
     try:
@@ -362,7 +362,7 @@ def test_nothing_is_lost_while_the_database_is_locked(small_queue, db_path):
     finally:
         blocker.release()
     assert accepted == 40
-    assert small_queue.flusher.flush_now(timeout=30)
+    assert small_queue.flusher.flush_now(timeout=WAIT)
     assert stored_names(db_path) == ["before"] + [f"locked {i}" for i in range(40)]
 
 

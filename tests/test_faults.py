@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from tests.conftest import (
+    WAIT,
     Server,
     WriteLock,
     bearer,
@@ -68,7 +69,7 @@ def stored_payments(db: str) -> set[str]:
     return {row["payment_id"] for row in rows(db, "SELECT payment_id FROM payments")}
 
 
-def wait_until(condition, timeout: float = 60.0) -> bool:
+def wait_until(condition, timeout: float = WAIT) -> bool:
     """Poll a condition; the deadline only bounds a hung test, it asserts nothing about speed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -247,7 +248,7 @@ class Load:
     def __exit__(self, *exc):
         self._stop.set()
         for thread in self._threads:
-            thread.join(60)
+            thread.join(WAIT)
 
 
 def test_sigterm_under_load_stores_every_acknowledged_event(db_path):
@@ -258,7 +259,7 @@ def test_sigterm_under_load_stores_every_acknowledged_event(db_path):
         with Load(server, world) as load:
             load.wait_for(300)
             server.proc.send_signal(signal.SIGTERM)
-            assert server.proc.wait(60) == 0
+            assert server.proc.wait(WAIT) == 0
     finally:
         server.stop()
     assert len(load.acked) >= 300
@@ -299,7 +300,7 @@ def test_sigkill_of_one_worker_loses_at_most_its_unflushed_queue(db_path):
         after = {n for n in range(101, 141) if send_event(server, world, n)[0] == 204}
         assert len(after) == 40
         server.proc.send_signal(signal.SIGTERM)
-        assert server.proc.wait(60) == 0
+        assert server.proc.wait(WAIT) == 0
     finally:
         server.stop()
     stored = stored_event_numbers(db_path)

@@ -20,7 +20,7 @@ from enrichment import agents as agents_module
 from enrichment.agents import AgentParser, BotFilter
 from reports.money import round_money
 from reports.mrr import YEARLY_FACTORS
-from tests.conftest import bearer, config_for, rows, run_cli
+from tests.conftest import WAIT, bearer, config_for, rows, run_cli
 from tests.test_properties import budget
 from validation.event import MAX_BATCH
 
@@ -240,7 +240,7 @@ def test_an_ipv4_mapped_address_gets_the_country_of_the_ipv4_address(client, tal
         post_json(client, site["key"], "/api/v1/events",
                   {"s": site["site"]["id"], "e": "pageview", "u": "https://example.com/",
                    "ip": ip, "ua": FIREFOX}, status=204)
-    assert tally.flusher.flush_now(timeout=20)
+    assert tally.flusher.flush_now(timeout=WAIT)
     assert [r["country"] for r in rows(db_path, "SELECT country FROM events ORDER BY id")] == [
         "AU", "AU", "GB"]
 
@@ -316,7 +316,7 @@ def test_accepted_events_and_payments_are_stored_as_sent(storage_world, text, lo
                "metadata": {"k": text}, "subscription": {"id": f"s{number}", "plan": text[:200]}}
     client.post("/api/v1/payments", orjson.dumps(payment), headers=headers, status=200)
 
-    assert tally.flusher.flush_now(timeout=20)
+    assert tally.flusher.flush_now(timeout=WAIT)
     stored = rows(db, "SELECT url, uid, language, props FROM events ORDER BY id DESC LIMIT 1")
     assert rows(db, "SELECT count(*) AS n FROM events")[0]["n"] == before + 1
     assert rows(db, "SELECT count(*) AS n FROM dead_letters")[0]["n"] == 0

@@ -8,7 +8,7 @@ import socket
 import orjson
 import pytest
 
-from tests.conftest import Server, cli_json
+from tests.conftest import WAIT, Server, cli_json
 from tests.test_startup_faults import assert_refused
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def served(servers, backend):
     return servers(backend)
 
 
-def raw_request(port: int, data: bytes, timeout: float = 30) -> tuple[int, bytes]:
+def raw_request(port: int, data: bytes, timeout: float = WAIT) -> tuple[int, bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(data)
         answer = b""
@@ -102,7 +102,7 @@ def test_healthz_answers_while_idle_and_slow_clients_hold_connections(served):
         for _ in range(5):
             # Well inside the 30 s after which gunicorn aborts a sync worker stuck on one.
             status, body = raw_request(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
-                                                    b"Connection: close\r\n\r\n", timeout=10)
+                                                    b"Connection: close\r\n\r\n", timeout=25)
             assert status == 200, body
     finally:
         for sock in held:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tests.conftest import bearer, cli_json, http
+from tests.conftest import WAIT, bearer, cli_json, http
 
 
 def assert_envelope(resp, status: int, code: str) -> dict:
@@ -99,5 +99,5 @@ def test_gunicorn_refuses_to_start_on_an_unusable_database(tmp_path):
     bad = tmp_path / "adir.db"
     bad.mkdir()
     server = Server(str(bad), workers=1)
-    assert server.proc.wait(30) != 0
+    assert server.proc.wait(WAIT) != 0
     assert "cannot open database" in server.log()

@@ -16,6 +16,7 @@ from ingest.pipeline import write_batch
 from ingest.queue import Accepted, EventQueue
 from quota.usage import QuotaGuard
 from tests.conftest import (
+    WAIT,
     FakeClock,
     WriteLock,
     bearer,
@@ -71,7 +72,7 @@ def test_offer_wakes_the_flush_thread_at_a_quarter_of_the_queue():
     queue.offer(unit(49))
     assert not woke.wait(0.05)
     queue.offer(unit(1))
-    assert woke.wait(10)
+    assert woke.wait(WAIT)
     thread.join()
 
 
@@ -115,7 +116,7 @@ def test_write_runs_in_one_transaction_and_failures_keep_the_batch(store, db_pat
     flusher = make_flusher(store, write=flaky_write, quota=guard)
     guard.hold((1, "2026-09"), 25)
     assert flusher.submit(unit(25))
-    assert flusher.flush_now(timeout=30)
+    assert flusher.flush_now(timeout=WAIT)
     assert calls == [25, 25, 25, 25] and flusher.failures == 3
     assert count(db_path) == 25  # stored once: the failed attempts rolled back
     assert count(db_path, "SELECT events FROM monthly_usage") == 25
@@ -158,17 +159,19 @@ def test_unexpected_error_in_enrichment_is_retried(store, db_path, monkeypatch):
 
     monkeypatch.setattr(flusher.enricher, "build", build)
     assert flusher.submit(unit(3))
-    assert flusher.flush_now(timeout=30)
+    assert flusher.flush_now(timeout=WAIT)
     assert count(db_path) == 3 and flusher.failures == 1
     flusher.stop(timeout=5)
 
 
 def test_stop_gives_up_only_at_its_deadline_when_the_database_stays_locked(store, db_path, caplog):
     flusher = make_flusher(store)
+    assert flusher.flush_now(timeout=WAIT)  # the thread is up (a slow start is not the test)
     assert flusher.submit(unit(5))
     blocker = WriteLock(db_path)
     try:
         flusher.stop(timeout=1)
+        flusher._thread.join(WAIT)  # a busy machine may end it after stop() has returned
     finally:
         blocker.release()
     assert flusher.failures >= 1
@@ -188,7 +191,7 @@ def test_first_submit_starts_the_thread_when_start_was_never_called(store, db_pa
     assert flusher._thread is None
     assert flusher.submit(unit(2))
     assert flusher._thread is not None and flusher._thread.is_alive()
-    assert flusher.flush_now(timeout=30) and count(db_path) == 2
+    assert flusher.flush_now(timeout=WAIT) and count(db_path) == 2
     flusher.stop(timeout=5)
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sqlite3
 
 import orjson
@@ -10,7 +12,7 @@ import pytest
 
 from reports.days import DIMENSIONS
 from storage.db import schema
-from tests.conftest import bearer, cli_json, execute, is_postgres, rows, run_cli
+from tests.conftest import WAIT, bearer, cli_json, config_for, execute, is_postgres, rows, run_cli
 from tests.test_attribution_e2e import UA, UA_PHONE, identify, pageview
 
 DAYS = ("2026-09-21", "2026-09-22", "2026-09-23")
@@ -48,19 +50,35 @@ def history(client, tally, site, clock, db_path):
           "uid": "user-1"})
     clock.advance(DAY_S)
     send(pageview(site_id, "https://example.com/", ip=NL))
-    assert tally.flusher.flush_now(timeout=30)
+    assert tally.flusher.flush_now(timeout=WAIT)
     tally.stop(timeout=10)
     return {"site": site_id, "db": db_path}
 
 
+def report(db, *args) -> dict:
+    """`tally report ... --json`, run by the CLI's own main in this process: the figures
+    these tests compare before and after would otherwise start some thirty processes (the
+    console script's reports are tested in tests/test_reports_csv.py)."""
+    from cli import Context, main
+
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    context = Context(config_for(db))
+    try:
+        with contextlib.redirect_stdout(out):
+            assert main(["report", *args, "--json"], context=context) == 0
+        out.flush()
+        return orjson.loads(out.buffer.getvalue())
+    finally:
+        context.db.close()
+
+
 def traffic(db, site, by="channel"):
-    data = cli_json("report", "traffic", "--site", site, "--from", DAYS[0], "--to", DAYS[2],
-                    "--by", by, db=db)
+    data = report(db, "traffic", "--site", site, "--from", DAYS[0], "--to", DAYS[2], "--by", by)
     return data["aggregate"], data["breakdown"]
 
 
 def revenue(db, site):
-    return cli_json("report", "revenue", "--site", site, "--from", DAYS[0], "--to", DAYS[2], db=db)
+    return report(db, "revenue", "--site", site, "--from", DAYS[0], "--to", DAYS[2])
 
 
 def count(db, table, where="1 = 1", params=()):
@@ -209,7 +227,7 @@ def test_visitor_erase_takes_the_browser_id_of_the_script(client, tally, site, c
              "v": browser_id}), headers={"User-Agent": UA}, content_type="text/plain",
             extra_environ={"REMOTE_ADDR": GB})
         assert resp.status_int == 204
-    assert tally.flusher.flush_now(timeout=30)
+    assert tally.flusher.flush_now(timeout=WAIT)
     tally.stop(timeout=10)
     assert count(db_path, "events") == 2
     result = cli_json("visitor", "erase", "--site", site["site"]["id"], "--visitor", browser_id,

@@ -18,6 +18,7 @@ from app import create_app
 from config import Config, ConfigError
 from tests.conftest import (
     BIN,
+    WAIT,
     WriteLock,
     _without_database,
     bearer,
@@ -100,7 +101,7 @@ class Served:
             cwd=tmp_path, stdout=self._log, stderr=subprocess.STDOUT,
             env={**_without_database(os.environ), **database_env(db), "TMPDIR": str(self.tmpdir),
                  **env})
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WAIT
         while True:
             assert self.proc.poll() is None, self.log()
             assert time.monotonic() < deadline, self.log()
@@ -118,7 +119,7 @@ class Served:
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(60)
+            self.proc.wait(WAIT)
         self._log.close()
         return self.proc.returncode
 
@@ -169,7 +170,7 @@ def test_counters_after_known_traffic_add_up_over_two_workers(db_path, tmp_path)
             assert http("POST", server.url + "/api/v1/payments", orjson.dumps(payment), headers)[0] == 200
         assert http("GET", server.url + "/api/v1/stats/aggregate", None, bearer(key))[0] == 200
 
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + WAIT
         while True:
             status, _, body = http("GET", server.url + "/metrics", None, bearer(TOKEN))
             assert status == 200, body

@@ -11,7 +11,7 @@ import webtest
 
 from app import create_app
 from tests import dashboard_seed as seed
-from tests.conftest import FakeClock, bearer, cli_json, config_for, rows, run_cli
+from tests.conftest import WAIT, FakeClock, bearer, cli_json, config_for, rows, run_cli
 
 REPORTS = (("revenue",), ("mrr",), ("traffic", "--by", "source"), ("goals",),
            ("timeseries", "--interval", "day"))
@@ -78,7 +78,7 @@ def test_tally_goes_on_from_the_copy(seeded, postgres_schema):
         client.post("/api/v1/events", orjson.dumps({
             "s": world["a"]["site"], "e": "$identify", "u": "https://shop.test/",
             "uid": "u-later", "ip": ip, "ua": ua}), headers=headers, status=204)
-        assert tally.flusher.flush_now(timeout=30)
+        assert tally.flusher.flush_now(timeout=WAIT)
         client.post("/api/v1/payments", orjson.dumps({
             "payment_id": "pay_later", "amount": 5, "currency": "EUR", "kind": "charge",
             "paid_at": "2026-09-21T14:13:20Z", "customer": {"id": "cus_later", "user_id": "u-later"}}),

@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import (
     BIN,
     REPO,
+    WAIT,
     _without_database,
     bearer,
     cli_json,
@@ -86,7 +87,7 @@ class Proxy:
         self.proc = subprocess.Popen([nginx_binary(), "-p", str(tmp), "-c", str(conf / "nginx.conf"),
                                       "-g", "daemon off;"], stdout=subprocess.DEVNULL,
                                      stderr=open(tmp / "nginx.stderr", "wb"))
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + WAIT
         while True:
             assert self.proc.poll() is None, (tmp / "nginx.stderr").read_text()
             try:
@@ -100,7 +101,7 @@ class Proxy:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGQUIT)
             try:
-                self.proc.wait(20)
+                self.proc.wait(WAIT)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -130,7 +131,7 @@ class Stack:
             cwd=tmp, stdout=self.log, stderr=subprocess.STDOUT,
             env={**_without_database(os.environ), **database_env(db),
                  "TALLY_FLUSH_INTERVAL": "0.2"})
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WAIT
         while True:
             assert self.serve.poll() is None, (tmp / "serve.log").read_text()
             try:
@@ -146,7 +147,7 @@ class Stack:
     def stop(self):
         self.proxy.stop()
         self.serve.send_signal(signal.SIGTERM)
-        self.serve.wait(60)
+        self.serve.wait(WAIT)
         self.log.close()
 
 
@@ -194,7 +195,7 @@ def test_the_real_client_address_reaches_tally(stack):
                      b"Connection: close\r\nContent-Length: " + str(len(forged)).encode() + b"\r\n\r\n"
                      + forged)
         assert sock.recv(65536).startswith(b"HTTP/1.1 204")
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + WAIT
     while True:
         found = {r["pathname"]: r["country"] for r in rows(stack["db"], "SELECT pathname, country FROM events")}
         if {"/from-gb", "/forged"} <= found.keys() or time.monotonic() > deadline:
@@ -238,9 +239,9 @@ def test_a_slow_client_is_held_by_nginx_not_by_gunicorn(stack):
                      b"Content-Type: application/json\r\nContent-Length: 4000\r\n\r\n{\"s\": ")
         # gunicorn has one sync worker: had nginx passed the unfinished request on, that
         # worker would be stuck reading its body until nginx gives up on the client
-        # (client_body_timeout, 10 s), and these would not be answered within 5 s.
+        # (client_body_timeout, 10 s), and these would not be answered within 9 s.
         for _ in range(3):
-            with urllib.request.urlopen(proxy.url + "/healthz", timeout=5) as resp:
+            with urllib.request.urlopen(proxy.url + "/healthz", timeout=9) as resp:
                 assert resp.status == 200
         event = {"s": stack["site"], "e": "pageview", "u": "https://shop.example/meanwhile", "ua": UA}
         status, _, body = http("POST", proxy.url + "/api/v1/events", orjson.dumps(event),

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from tests.conftest import bearer, cli_json, http, rows
+from tests.conftest import WAIT, bearer, cli_json, http, rows
 from tests.test_payments_http import FULL, body_of_size
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def test_32_concurrent_identical_payments_store_one(served, db_path):
 
 
 def raw_request(server, head: str, body: bytes = b"") -> bytes:
-    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as sock:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as sock:
         sock.sendall(head.encode() + b"\r\n" + body)
         chunks = []
         while True:

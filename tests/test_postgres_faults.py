@@ -12,7 +12,7 @@ import pytest
 import webtest
 
 from app import create_app
-from tests.conftest import BIN, REPO, bearer, config_for, rows, run_cli
+from tests.conftest import BIN, REPO, WAIT, bearer, config_for, rows, run_cli
 from tests.realparts import postgres_admin
 from tests.routes import payment
 
@@ -73,10 +73,10 @@ def test_queued_events_outlive_a_dropped_flush_connection(app_on_postgres):
     body = {"s": site["id"], "b": [{"e": "pageview", "u": f"https://example.com/{n}"}
                                    for n in range(10)]}
     client.post("/api/v1/events", orjson.dumps(body), headers=headers, status=204)
-    assert tally.flusher.flush_now(timeout=30)
+    assert tally.flusher.flush_now(timeout=WAIT)
     assert end_connections(tally.application_name) >= 1  # the flush thread's among them
     client.post("/api/v1/events", orjson.dumps(body), headers=headers, status=204)
-    assert tally.flusher.flush_now(timeout=30)
+    assert tally.flusher.flush_now(timeout=WAIT)
     assert rows(tally.config.database_url, "SELECT count(*) AS n FROM events") == [{"n": 20}]
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from app import create_app
 from enrichment.visitor import visitor_id
-from tests.conftest import REPO, FakeClock, config_for, free_port, rows
+from tests.conftest import REPO, WAIT, FakeClock, config_for, free_port, rows
 from tests.realparts import DESKTOP_UA, require
 from tests.test_browser import QuietHandler, ThreadingServer
 from tracker import script_bytes
@@ -80,7 +80,7 @@ class Proxied:
                                        "-c", str(conf), "-g", "daemon off;"],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.error_log = folder / "error.log"
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + WAIT
         while True:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
@@ -93,7 +93,7 @@ class Proxied:
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict | None = None):
         """One request to nginx from the client's own address, 127.0.0.2."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30,
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=WAIT,
                                           source_address=(CLIENT, 0))
         try:
             conn.request(method, path, body=body, headers={"Host": "shop.example",
@@ -109,7 +109,7 @@ class Proxied:
                             {"Content-Type": "text/plain", "User-Agent": DESKTOP_UA, **headers})
 
     def stored(self) -> list[dict]:
-        assert self.app.flusher.flush_now(timeout=30)
+        assert self.app.flusher.flush_now(timeout=WAIT)
         return rows(self.db_path, "SELECT * FROM events ORDER BY id")
 
     def daily_id(self, ip: str) -> int:
@@ -119,7 +119,7 @@ class Proxied:
 
     def close(self):
         self.nginx.terminate()
-        self.nginx.wait(15)
+        self.nginx.wait(WAIT)
         self.server.shutdown()
         self.server.server_close()
         self.app.stop(timeout=5)

@@ -16,7 +16,7 @@ import pytest
 from reports import days
 from reports.days import DIMENSIONS
 from reports.params import DateRange
-from tests.conftest import WriteLock, bearer, connect, delete_unchecked
+from tests.conftest import WAIT, WriteLock, bearer, connect, delete_unchecked
 
 DAY = 86_400
 FIRST_DAY = 1_789_948_800  # 2026-09-21T00:00:00Z
@@ -46,7 +46,7 @@ def traffic(client, tally, site, clock, db_path):
             ]
         client.post_json("/api/v1/events", {"s": site_id, "b": batch}, headers=headers,
                          status=204)
-        assert tally.flusher.flush_now(timeout=30)
+        assert tally.flusher.flush_now(timeout=WAIT)
 
     conn = connect(db_path)
 

@@ -17,7 +17,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from api.openapi import load_document
-from tests.conftest import bearer, run_cli
+from tests.conftest import WAIT, bearer, run_cli
 
 FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
 IPHONE = ("Mozilla/5.0 (iPhone; CPU iPhone OS 17_0 like Mac OS X) AppleWebKit/605.1.15 (KHTML, "
@@ -41,7 +41,7 @@ def api(client, tally, site, clock):
         def events(self, *events):
             client.post_json("/api/v1/events", {"s": site_id, "b": list(events)}, headers=headers,
                              status=204)
-            assert tally.flusher.flush_now(timeout=30)
+            assert tally.flusher.flush_now(timeout=WAIT)
 
         def event(self, visitor, name, path, seconds_ago, **extra):
             return {"s": site_id, "e": name, "u": f"https://example.com{path}",

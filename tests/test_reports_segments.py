@@ -15,7 +15,7 @@ import pytest
 
 from reports import segments
 from reports.traffic import SessionTotals, traffic_aggregate
-from tests.conftest import bearer, connect, delete_unchecked
+from tests.conftest import WAIT, bearer, connect, delete_unchecked
 
 DAY = 86_400
 FIRST_DAY = 1_789_948_800  # 2026-09-21T00:00:00Z
@@ -87,7 +87,7 @@ def site_traffic(client, tally, site, clock, db_path):
                 batch.append(body)
         client.post_json("/api/v1/events", {"s": site_id, "b": batch}, headers=headers,
                          status=204)
-        assert tally.flusher.flush_now(timeout=30)
+        assert tally.flusher.flush_now(timeout=WAIT)
 
     conn = connect(db_path)
 

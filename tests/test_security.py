@@ -11,7 +11,7 @@ import pytest
 
 from api.bodies import MAX_JSON_DEPTH, parse_json
 from api.errors import ApiError
-from tests.conftest import REPO, bearer, cli_json, connect, http, is_postgres
+from tests.conftest import REPO, WAIT, bearer, cli_json, connect, http, is_postgres
 from tests.routes import sample_request, served_now
 from tests.test_openapi import PENDING
 
@@ -110,7 +110,7 @@ def test_gunicorn_conf_bounds_requests_and_workers():
 
 def raw_request(port: int, request_line: str, headers: list[tuple[str, str]]) -> bytes:
     head = "".join(f"{name}: {value}\r\n" for name, value in headers)
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as conn:
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as conn:
         conn.sendall(f"{request_line}\r\nHost: t\r\nConnection: close\r\n{head}\r\n".encode())
         answer = b""
         while chunk := conn.recv(65536):

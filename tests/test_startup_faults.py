@@ -13,7 +13,7 @@ import pytest
 
 from storage.backend import open_database
 from storage.db import Database
-from tests.conftest import Server, config_for, run_cli
+from tests.conftest import WAIT, Server, config_for, run_cli
 from tests.fsfaults import read_only
 
 
@@ -73,7 +73,7 @@ CASES = [
 
 
 def assert_refused(server: Server, phrase: str) -> str:
-    code = server.proc.wait(30)
+    code = server.proc.wait(WAIT)
     log = server.log()
     server.stop()
     assert code != 0

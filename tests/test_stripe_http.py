@@ -19,7 +19,7 @@ import webtest
 from app import create_app
 from metrics import LOCAL
 from storage.backend import open_database
-from tests.conftest import WriteLock, bearer, http, rows, run_cli
+from tests.conftest import WAIT, WriteLock, bearer, http, rows, run_cli
 from tests.stripe_events import (
     FIXTURES,
     SECRET,
@@ -267,7 +267,7 @@ def test_a_customers_life(stripe_site, tally, client, site, clock, db_path):
     client.post_json("/api/v1/events", {"s": site_id, "e": "pageview", "u": "https://example.com/",
                                         "r": "https://www.google.com/", "ip": "203.0.113.7",
                                         "ua": UA}, headers=bearer(site["key"]), status=204)
-    assert tally.flusher.flush_now(timeout=30)
+    assert tally.flusher.flush_now(timeout=WAIT)
     visitor = str(rows(db_path, "SELECT visitor_id FROM events")[0]["visitor_id"])
     send = stripe_site.send
 
