@@ -45,6 +45,11 @@ class StorageBusy(StorageError):
     """A transient condition: the write lock stayed taken past the bounded wait."""
 
 
+class ReplicaLost(StorageBusy):
+    """The read replica failed a read (storage/replica.py): the read runs again on the
+    primary."""
+
+
 class ReadBudgetExceeded(Exception):
     """A read ran past its budget (Database.read_budget) and its statement was stopped.
 
@@ -226,6 +231,12 @@ class Database:
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.Error:
             pass  # the file could not grow either: the log keeps the frames, nothing is lost
+
+    @contextmanager
+    def replica_reads(self):
+        """Nothing to route: SQLite has no replica (PostgreSQL's Database reads from one
+        inside this block when it has one)."""
+        yield
 
     def release(self) -> None:
         """Nothing to give back: each thread keeps its SQLite connection (PostgreSQL's
