@@ -620,4 +620,4 @@ CREATE TABLE IF NOT EXISTS sign_in_addresses (
     PRIMARY KEY (user_id, address)
 ) WITHOUT ROWID;
 
-PRAGMA user_version = 16;
+PRAGMA user_version = 21;

@@ -283,8 +283,10 @@ class Database:
         self._local = threading.local()
 
     @contextmanager
-    def transaction(self, conn: sqlite3.Connection | None = None):
-        """BEGIN IMMEDIATE ... COMMIT, with errors mapped to StorageBusy/StorageError."""
+    def transaction(self, conn: sqlite3.Connection | None = None, *, sites=None):
+        """BEGIN IMMEDIATE ... COMMIT, with errors mapped to StorageBusy/StorageError.
+        `sites`: the sites whose rows alone the transaction writes; SQLite has one writer
+        whatever they are (PostgreSQL's Database lets other sites write meanwhile)."""
         conn = conn or self.conn()
         try:
             conn.execute("BEGIN IMMEDIATE")

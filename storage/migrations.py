@@ -128,6 +128,10 @@ POSTGRES_STEPS: dict[int, tuple[str, ...]] = {
     16: ("ALTER TABLE events ADD COLUMN IF NOT EXISTS anonymous BIGINT CHECK (anonymous = 1)",
          "ALTER TABLE monthly_usage ADD COLUMN IF NOT EXISTS anonymous BIGINT NOT NULL DEFAULT 0"
          " CHECK (anonymous >= 0)"),
+    # Version 21: new sessions take their ids from the sequence (storage/sessions.py);
+    # the flush used to write max(id) + 1 past it, so it continues after the largest id.
+    21: ("SELECT setval(pg_get_serial_sequence('sessions', 'id'), max(id)) FROM sessions"
+         " HAVING max(id) IS NOT NULL",),
 }
 
 

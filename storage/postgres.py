@@ -7,10 +7,14 @@ each statement once (`translate`, cached): placeholders become psycopg's, and th
 constructs the two spell differently are respelled. Statements that differ in substance
 choose their text by `dialect(conn)` where they are defined.
 
-Writers are serialized as SQLite serializes them: `BEGIN IMMEDIATE` takes one
-transaction-scoped advisory lock, so every invariant the flush relies on (session ids
-read then written, quota rows, first touches) holds across threads, workers and hosts.
-Readers never take it. A lock or connection failure surfaces as StorageBusy, a 503.
+Writers of one site write in parallel with other sites' writers; every other writer is
+serialized as SQLite serializes them. `BEGIN IMMEDIATE` takes one transaction-scoped
+advisory lock exclusively; a site write (`transaction(sites=...)`: the flush, a payment)
+takes it shared, plus a lock per site it writes, in site order. What the site writers
+share needs no lock of theirs: session ids come from the sessions' sequence
+(storage/sessions.py), monthly usage is added by an atomic upsert, and sessions, first
+touches, customers and payments belong to one site. Readers never take a lock. A lock or
+connection failure surfaces as StorageBusy, a 503.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from importlib.resources import files
@@ -60,7 +64,15 @@ POOL_SIZE = 8
 # never wait for each other.
 WRITE_LOCK_KEY = 0x7A11_0001
 SCHEMA_LOCK_KEY = 0x7A11_0002
+SITE_LOCK_KEY = 0x7A11_0003
 _LOCK = "SELECT pg_advisory_xact_lock(%s::integer, hashtext(coalesce(current_schema(), '')))"
+_SHARED_LOCK = ("SELECT pg_advisory_xact_lock_shared(%s::integer,"
+                " hashtext(coalesce(current_schema(), '')))")
+# One lock per site, taken in the order of the list (sorted: two writers never wait for
+# each other in a cycle). Two (schema, site) pairs that share a key only wait needlessly.
+_SITE_LOCKS = ("SELECT pg_advisory_xact_lock(%s::integer,"
+               " hashtext(coalesce(current_schema(), '')) # s::integer)"
+               " FROM unnest(%s::bigint[]) WITH ORDINALITY AS u (s, n) ORDER BY n")
 # Applying the schema waits longer than a request would for the write lock: another host
 # starting at the same time holds it for as long as the script runs.
 SCHEMA_LOCK_TIMEOUT_MS = 60_000
@@ -470,6 +482,13 @@ class PostgresConnection:
             cursor.execute(_LOCK, (WRITE_LOCK_KEY,))
         return PostgresCursor(cursor)
 
+    def begin_sites(self, sites: Collection[int]) -> None:
+        """BEGIN a transaction that writes only these sites' rows (module doc)."""
+        cursor = self.raw.cursor()
+        cursor.execute("BEGIN")
+        cursor.execute(_SHARED_LOCK, (WRITE_LOCK_KEY,))
+        cursor.execute(_SITE_LOCKS, (SITE_LOCK_KEY, sorted(int(site) for site in sites)))
+
     def set_lock_timeout(self, ms: int) -> None:
         self.raw.execute(f"SET lock_timeout = {int(ms)}")  # sql-safe: an int
         self.lock_wait_ms = int(ms)
@@ -776,12 +795,19 @@ class PostgresDatabase:
         self._local = threading.local()
 
     @contextmanager
-    def transaction(self, conn: PostgresConnection | None = None):
+    def transaction(self, conn: PostgresConnection | None = None, *,
+                    sites: Collection[int] | None = None):
+        """BEGIN ... COMMIT holding the write lock; with `sites`, only those sites' locks
+        and the write lock shared: for a transaction that writes only rows of those sites
+        (and monthly usage, by upsert), which then never waits for other sites'."""
         conn = conn or self.conn()
         if conn.replica:
             conn = self._writer(conn)
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            if sites is None:
+                conn.execute("BEGIN IMMEDIATE")
+            else:
+                conn.begin_sites(sites)
         except psycopg.Error as exc:
             _abandon(conn)
             raise storage_error(exc) from exc

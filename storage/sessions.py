@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import orjson
 
+from storage.dialect import dialect
 from storage.sparse import SparseInsert
 from vocabulary import UTM_KEYS
 
@@ -113,9 +114,33 @@ def sessions_of_visitors(conn: sqlite3.Connection, site_id: int, visitor_ids: li
     return conn.execute(_LOAD_SESSIONS, (orjson.dumps(visitor_ids), site_id, first, last))
 
 
+# On PostgreSQL flushes of different sites run at once (storage/postgres.py), so a new
+# session's id comes from the sessions' id sequence, taken when the batch's new sessions
+# are written (final_session_ids). Until then they carry provisional ids from
+# PROVISIONAL_SESSION_ID on, above any stored id and in the order they were opened, as the
+# final ones are: a flush that finds two candidate sessions picks the same one either way.
+PROVISIONAL_SESSION_ID = 1 << 62
+_NEW_SESSION_IDS = {  # PostgreSQL only, ids in the order they are drawn
+    "postgres": "SELECT nextval(pg_get_serial_sequence('sessions', 'id'))"
+                " FROM generate_series(1, ?) ORDER BY 1",
+}
+
+
 def next_session_id(conn: sqlite3.Connection) -> int:
-    """The id SQLite gives the next session (the caller holds the write lock)."""
+    """The id the batch's first new session gets: on SQLite the one SQLite would give (the
+    caller holds the write lock), on PostgreSQL PROVISIONAL_SESSION_ID."""
+    if dialect(conn) == "postgres":
+        return PROVISIONAL_SESSION_ID
     return (conn.execute("SELECT max(id) FROM sessions").fetchone()[0] or 0) + 1
+
+
+def final_session_ids(conn: sqlite3.Connection, count: int) -> list[int] | None:
+    """The ids of `count` new sessions opened with provisional ids, ascending; None when
+    the ids next_session_id gave are final (SQLite)."""
+    statement = _NEW_SESSION_IDS.get(dialect(conn))
+    if statement is None:
+        return None
+    return [row[0] for row in conn.execute(statement, (count,))] if count else []
 
 
 def insert_sessions(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
