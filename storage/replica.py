@@ -14,7 +14,7 @@ has replayed; positions are remembered for `max_lag` seconds, and a replica that
 none of them is lagging. A check costs the primary one `pg_current_wal_lsn()` and the
 replica one query, at most once per CHECK_INTERVAL per process.
 
-`max_lag` is at most an hour: a day is final (reports/days.py) a day after it ends, and an
+`max_lag` is at most an hour: a day is final (reports/days/traffic_days.py) a day after it ends, and an
 event may be stored at most an hour late, so a day that looks final on the replica is
 final on the primary too and its figures are the primary's.
 """
