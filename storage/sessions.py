@@ -159,9 +159,24 @@ def add_session_counts(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> No
     conn.executemany(_UPDATE_COUNTS, rows)
 
 
+# PostgreSQL: every link of a batch in one statement, so the statement-level first-touch
+# trigger (schema_postgres.sql) runs once over all of them.
+_INSERT_SESSION_VISITORS = {
+    "postgres": "INSERT INTO session_visitors (site_id, visitor_id, session_id)"
+                " SELECT * FROM unnest(CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),"
+                " CAST(? AS BIGINT[])) ON CONFLICT DO NOTHING",
+}
+
+
 def link_session_visitors(conn: sqlite3.Connection, links: Iterable[Sequence]) -> None:
     """(site id, visitor id, session id) each; the first-touch triggers follow them."""
-    conn.executemany(_INSERT_SESSION_VISITOR, links)
+    statement = _INSERT_SESSION_VISITORS.get(dialect(conn))
+    if statement is None:
+        conn.executemany(_INSERT_SESSION_VISITOR, links)
+        return
+    links = list(links)
+    if links:
+        conn.execute(statement, [list(column) for column in zip(*links, strict=True)])
 
 
 def link_identities(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:

@@ -154,7 +154,8 @@ def test_two_hosts_hammering_one_site_store_exact_sessions_touches_usage_and_pay
 def test_an_upgraded_database_gives_new_sessions_ids_past_the_stored_ones(
         pooled_postgres_schema, clock):
     """Before version 21 the flush wrote sessions' ids past the largest without moving the
-    sequence; the upgrade moves it, so new sessions never take a stored id."""
+    sequence; the upgrade moves it, so new sessions never take a stored id, and replaces
+    the first-touch row trigger on new links by a statement-level one."""
     db = pooled_postgres_schema
     site = new_site(db, "Old", "old.test")
     for session_id in (1, 2, 40):
@@ -162,6 +163,13 @@ def test_an_upgraded_database_gives_new_sessions_ids_past_the_stored_ones(
                     " channel, pageviews, custom_events) VALUES (?, ?, ?, 0, 0, 'Direct', 1, 0)",
                 (session_id, site["row_id"], session_id))
     execute(db, "SELECT setval(pg_get_serial_sequence('sessions', 'id'), 1, false)")
+    # Version 16's first-touch trigger on new links ran once per row.
+    execute(db, "DROP TRIGGER first_touch_new_session_visitor ON session_visitors")
+    execute(db, "CREATE FUNCTION tally_first_touch_new_session_visitor() RETURNS trigger"
+                " LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END'")
+    execute(db, "CREATE TRIGGER first_touch_new_session_visitor AFTER INSERT ON"
+                " session_visitors FOR EACH ROW"
+                " EXECUTE FUNCTION tally_first_touch_new_session_visitor()")
     execute(db, "UPDATE tally_schema_version SET version = 16")
 
     tally = create_app(Config(database_url=db), clock=clock)
@@ -174,3 +182,7 @@ def test_an_upgraded_database_gives_new_sessions_ids_past_the_stored_ones(
     tally.stop(timeout=5)
     ids = [r["id"] for r in rows(db, "SELECT id FROM sessions ORDER BY id")]
     assert ids == [1, 2, 40, 41, 42, 43]
+    # The trigger runs once per statement now (tgtype's bit 0 set: once per row).
+    assert rows(db, "SELECT tgtype & 1 AS per_row FROM pg_trigger"
+                    " WHERE tgname = 'first_touch_new_session_visitor'"
+                    " AND tgrelid = 'session_visitors'::regclass") == [{"per_row": 0}]
