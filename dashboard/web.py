@@ -569,7 +569,7 @@ class Dashboard:
             resp.status = 404
             resp.data = orjson.dumps({"install": None})
             return
-        receiving = self.site_settings.last_event(site.id) is not None
+        receiving = self.site_settings.has_events(site.id)
         resp.data = orjson.dumps({"install": "receiving" if receiving else "waiting"})
 
     def _settings_post(self, req, resp, site_id):

@@ -113,10 +113,13 @@ class Users:
         users = conn.execute("SELECT id, public_id, email, created_at FROM users ORDER BY id")
         result = []
         for user_id, public_id, email, created_at in users.fetchall():
-            accounts = [r[0] for r in conn.execute(
-                "SELECT a.public_id FROM user_accounts ua JOIN accounts a ON a.id = ua.account_id"
-                " WHERE ua.user_id = ? ORDER BY a.public_id", (user_id,))]
-            result.append({"id": public_id, "email": email, "accounts": accounts,
+            memberships = conn.execute(
+                "SELECT a.public_id, ua.role FROM user_accounts ua"
+                " JOIN accounts a ON a.id = ua.account_id"
+                " WHERE ua.user_id = ? ORDER BY a.public_id", (user_id,)).fetchall()
+            result.append({"id": public_id, "email": email,
+                           "accounts": [account for account, _ in memberships],
+                           "roles": {account: role for account, role in memberships},
                            "created_at": _iso(created_at)})
         return result
 

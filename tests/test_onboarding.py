@@ -372,4 +372,5 @@ def test_the_cli_makes_users_of_any_role(db_path, clock):
     run_cli("user", "create", "--email", "v@example.com", "--account", account, "--role", "viewer",
             "--password-stdin", db=db_path, input_text=PASSWORD + "\n")
     assert rows(db_path, "SELECT role FROM user_accounts") == [{"role": "viewer"}]
+    assert cli_json("user", "list", db=db_path)["users"][0]["roles"] == {account: "viewer"}
 
