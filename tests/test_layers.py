@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from storage.connection import Connection, Cursor
 from tests.conftest import REPO
 from tests.test_sql_safety import SKIPPED_DIRS, SQL
 
@@ -156,3 +157,11 @@ def test_the_checks_see_a_violation():
     texts = [n.value for n in ast.walk(sample) if isinstance(n, ast.Constant)
              and isinstance(n.value, str) and SQL.search(n.value)]
     assert texts == ["SELECT a FROM t WHERE id = ?"]
+
+
+def test_both_engines_connections_are_the_one_connection_type(store):
+    """storage.connection.Connection, the type every layer above storage names, is true of
+    the connections of both backends, and of the cursors they return."""
+    conn = store.conn()
+    assert isinstance(conn, Connection)
+    assert isinstance(conn.execute("SELECT id FROM sites"), Cursor)
