@@ -47,7 +47,7 @@ class BrowserIds:
 
 class BrowserVisitors:
     """The flush step that stores events under browser visitor ids; runs in the flush
-    transaction before sessions are assigned (api/events.build_events wires it)."""
+    transaction before sessions are assigned (app.build_flusher wires it)."""
 
     def __init__(self, ids: BrowserIds):
         self.ids = ids
