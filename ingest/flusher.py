@@ -1,8 +1,8 @@
 """The thread that drains one worker's EventQueue into the database.
 
-Every TALLY_FLUSH_INTERVAL seconds (sooner when half the queue is waiting, or when
-asked), it swaps the waiting units out under the queue's lock, enriches them and writes
-them with its own connection: one executemany in one transaction, through
+Every TALLY_FLUSH_INTERVAL seconds (sooner when a quarter of the queue is waiting, its
+flush_at, or when asked), it swaps the waiting units out under the queue's lock, enriches
+them and writes them with its own connection: one executemany in one transaction, through
 `write(conn, batch)`. When the database is locked or failing it keeps the batch and
 retries with backoff; the queue then fills and requests get 503. On a full disk it stores
 the batch in smaller parts, as many as fit, and waits for space for the rest. Any other failure
@@ -236,6 +236,7 @@ class Flusher:
             deadletters.set_aside(conn, [(unit.site_id, unit.account_id, unit.month, reason,
                                           deadletters.event_json(event))],
                                   int(self.clock() * 1000))
+        metrics.events_dead_lettered(1)
         log.error("set aside an event of site %d that cannot be stored: %s", unit.site_id, reason)
         if self.quota is not None and unit.counted:
             self.quota.release((unit.account_id, unit.month), unit.counted,

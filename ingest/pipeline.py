@@ -4,9 +4,9 @@
       enrich                -> EventBatch: rows: list[EventRow], usage, the rows that
                                reach back a day       (enrichment.enricher; no transaction)
       --- BEGIN IMMEDIATE ---
-      previous_visitor_ids  -> yesterday's visitor id per row  (enrichment.enricher)
       browser visitors      -> script events (and their ip+ua's other events) under the
                                browser's visitor id   (enrichment.browser_ids)
+      previous_visitor_ids  -> yesterday's visitor id per row  (enrichment.enricher)
       assign_sessions       -> a session id per row   (attribution.flush: sessions, visitor
                                                         links, $identify links)
       insert_events         -> events                 (storage.events)
