@@ -22,8 +22,11 @@ import webtest
 
 from app import create_app
 from config import Config, ConfigError
+from dashboard.passwords import hash_password
+from storage.shares import SharedLinks
+from storage.users import Users
 from tests import dashboard_seed as seed
-from tests.conftest import WAIT, FakeClock, bearer, cli_json, rows, wait_until
+from tests.conftest import WAIT, FakeClock, bearer, rows, wait_until
 from tests.realparts import POSTGRES_URL
 from tests.replica import ReplicaUnavailable, streaming_replica, wait_replayed
 
@@ -42,19 +45,26 @@ def replica():
 
 
 class Site:
-    """Accounts, users and keys made with the CLI, site a's seeded traffic, a shared link,
-    and Tallys reading from the replica."""
+    """An account, its site, key, user and shared link, the site's seeded traffic, and
+    Tallys reading from the replica (made in-process: the CLI is tested elsewhere)."""
 
     def __init__(self, db: str, replica):
         self.db = db
         self.replica = replica
-        self.world = seed.users(db)
-        self.site = self.world["a"]
         self.clock = FakeClock()
         self.apps = []
         self.tally = self.app(max_lag=3600)
-        seed.traffic(self.tally, self.site, self.clock(), self.clock.advance)
-        self.share = cli_json("share", "create", "--site", self.site["site"], db=db)["url"]
+        directory, clock = self.tally.directory, self.clock
+        account = directory.create_account("Account A", "growth")
+        site = directory.create_site(account["id"], ["shop.test"])
+        key = directory.create_key(site["id"], ["events", "payments", "read"])
+        self.site = {"account": account["id"], "site": site["id"], "key": key["key"],
+                     "email": "owner-a@example.com"}
+        Users(self.tally.db, clock).create_user(
+            self.site["email"], hash_password(seed.PASSWORD), [account["id"]])
+        seed.traffic(self.tally, self.site, clock(), clock.advance)
+        self.share = "/share/" + SharedLinks(self.tally.db, clock).create(
+            site["id"], revenue=False)["token"]
         self.visits = 0
 
     def app(self, max_lag: float):
