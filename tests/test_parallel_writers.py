@@ -10,6 +10,7 @@ Hosts are gunicorn masters on their own ports, sharing nothing but the database.
 from __future__ import annotations
 
 import threading
+import time
 
 import orjson
 import pytest
@@ -19,8 +20,9 @@ from app import create_app
 from config import Config
 from storage.backend import open_database
 from storage.db import schema
+from storage.directory import Directory
 from storage.payments import PaymentStore
-from tests.conftest import WAIT, bearer, cli_json, execute, http, rows, wait_until
+from tests.conftest import WAIT, bearer, execute, http, rows, wait_until
 from tests.routes import payment
 from validation.payment import validate_payment
 
@@ -31,10 +33,15 @@ UA = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
 
 
 def new_site(db: str, name: str, host: str) -> dict:
-    account = cli_json("account", "create", "--name", name, "--plan", "scale", db=db)
-    site = cli_json("site", "create", "--account", account["id"], "--host", host, db=db)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
-                   "payments", "--scope", "read", db=db)
+    """An account of its own, its site and a key (in-process: the CLI is tested elsewhere)."""
+    database = open_database(Config(database_url=db))
+    try:
+        directory = Directory(database, time.time)
+        account = directory.create_account(name, "scale")
+        site = directory.create_site(account["id"], [host])
+        key = directory.create_key(site["id"], ["events", "payments", "read"])
+    finally:
+        database.close()
     row_id = rows(db, "SELECT id FROM sites WHERE public_id = ?", (site["id"],))[0]["id"]
     return {"account": account["id"], "site": site["id"], "row_id": row_id, "host": host,
             "headers": {**bearer(key["key"]), "Content-Type": "application/json"}}
