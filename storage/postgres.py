@@ -608,7 +608,7 @@ class PostgresDatabase:
                 return current
             self.release()
         raw = None
-        if getattr(local, "replica_reads", False) and getattr(local, "pid", None) == os.getpid():
+        if getattr(local, "replica_reads", False):
             raw = self.replica.getconn()
             if raw is None:  # the replica did not answer: this read goes to the primary
                 local.replica_reads = False
@@ -651,7 +651,7 @@ class PostgresDatabase:
             yield
             return
         self.release()
-        local.replica_reads = True
+        local.replica_reads, local.pid = True, os.getpid()
         try:
             yield
         except BaseException as exc:

@@ -182,6 +182,15 @@ def test_a_lagging_replica_sends_reads_to_the_primary(site, replica):
     assert site.visitors(tally) == 7
 
 
+def test_the_first_read_of_a_new_service_reads_the_replica(site, replica):
+    tally = site.app(max_lag=3600)
+    # The replica has replayed what the primary holds now: within the bound from here on.
+    assert tally.db.replica.usable(tally.db._primary_position)
+    replica.pause_replay()
+    site.visit(tally)
+    assert site.visitors(tally) == 6  # the read thread's first read, on the replica
+
+
 @pytest.mark.parametrize("environ, message", [
     ({"TALLY_DATABASE_READ_URL": "postgresql://replica/tally"},
      "TALLY_DATABASE_READ_URL needs TALLY_DATABASE_URL"),
