@@ -23,7 +23,7 @@ import webtest
 
 from app import create_app
 from storage.db import schema
-from tests.conftest import WAIT, bearer, cli_json, config_for, execute, is_postgres
+from tests.conftest import WAIT, bearer, cli_json, config_for, execute, is_postgres, run_cli
 
 DAY = 86_400
 FIRST_DAY = 1_789_948_800  # 2026-09-21T00:00:00Z
@@ -320,3 +320,53 @@ def test_a_version_16_database_gains_the_funnels_table(client, site, tally, cloc
         assert saved.json["data"]["steps"] == ["goal:a", "payment"]
     finally:
         again.stop(timeout=5)
+
+
+def test_the_readme_example(client, tally, site, clock, db_path):
+    """README, Reports: Funnels, the worked example, as it reads."""
+    tally.start()
+    headers = {**bearer(site["key"]), "Content-Type": "application/json"}
+    noon = FIRST_DAY + 12 * 3600
+    visits = {  # visitor -> [(seconds after noon, name, path)]
+        "A": [(0, "pageview", "/"), (20, "pageview", "/pricing"), (40, "Signup", "/app"),
+              (60, "$identify", "/app")],
+        "B": [(0, "Signup", "/app"), (20, "pageview", "/pricing")],
+        "C": [(0, "pageview", "/pricing"), (20, "pageview", "/docs"),
+              (7200, "Signup", "/app")],
+        "D": [(0, "pageview", "/"), (20, "Signup", "/app")],
+    }
+    for n, (who, events) in enumerate(visits.items(), start=1):
+        for at, name, path in events:
+            clock.set(noon + at + 1)
+            body = {"s": site["site"]["id"], "e": name, "u": f"https://example.com{path}",
+                    "ts": (noon + at) * 1000, "ip": f"192.0.2.{n}", "ua": UA}
+            if name == "$identify":
+                body["uid"] = "user-a"
+            client.post("/api/v1/events", orjson.dumps(body), headers=headers, status=204)
+    assert tally.flusher.flush_now(timeout=WAIT)
+    clock.set(noon + 3 * 3600)
+    client.post("/api/v1/payments", orjson.dumps(
+        {"payment_id": "pay_a", "amount": 49, "currency": "EUR", "kind": "charge",
+         "paid_at": "2026-09-21T13:00:00Z", "customer": {"id": "cus_1", "user_id": "user-a"}}),
+        headers=headers, status=200)
+    data = client.get("/api/v1/stats/funnel?steps=page:/pricing,goal:Signup,payment"
+                      "&from=2026-09-21&to=2026-09-21", headers=headers).json["data"]
+    assert data["steps"] == [
+        {"step": "page:/pricing", "visitors": 3, "conversion_rate": 1.0, "dropoff": 0,
+         "dropoff_rate": 0.0},
+        {"step": "goal:Signup", "visitors": 1, "conversion_rate": 0.3333, "dropoff": 2,
+         "dropoff_rate": 0.6667},
+        {"step": "payment", "visitors": 1, "conversion_rate": 0.3333, "dropoff": 0,
+         "dropoff_rate": 0.0}]
+    assert data["revenue"] == {"EUR": {"net": 49.0, "customers": 1}}
+    # `tally report funnel` answers the same, and its CSV
+    args = ("report", "funnel", "--site", site["site"]["id"], "--steps",
+            "page:/pricing,goal:Signup,payment", "--from", "2026-09-21", "--to", "2026-09-21")
+    assert cli_json(*args, db=db_path) == data
+    csv = run_cli(*args, "--csv", db=db_path).stdout.splitlines()
+    assert csv == ["step,visitors,conversion_rate,dropoff,dropoff_rate,net_EUR,customers_EUR",
+                   "page:/pricing,3,1.0,0,0.0,,", "goal:Signup,1,0.3333,2,0.6667,,",
+                   "payment,1,0.3333,0,0.0,49.00,1"]
+    bad = run_cli("report", "funnel", "--site", site["site"]["id"], "--steps", "payment",
+                  db=db_path, check=False)
+    assert bad.returncode != 0 and "steps: a funnel has 2 to 8 steps, not 1" in bad.stderr
