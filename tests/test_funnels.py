@@ -335,7 +335,7 @@ def test_the_readme_example(client, tally, site, clock, db_path):
               (7200, "Signup", "/app")],
         "D": [(0, "pageview", "/"), (20, "Signup", "/app")],
     }
-    for n, (who, events) in enumerate(visits.items(), start=1):
+    for n, events in enumerate(visits.values(), start=1):
         for at, name, path in events:
             clock.set(noon + at + 1)
             body = {"s": site["site"]["id"], "e": name, "u": f"https://example.com{path}",
