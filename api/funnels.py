@@ -12,7 +12,7 @@ from api.auth import Authenticator, key_scope
 from api.bodies import parse_json, read_limited
 from api.errors import invalid_input, not_found
 from reports.funnels.steps import check_name, check_steps
-from reports.params import InvalidReportParameter
+from reports.shared.params import InvalidReportParameter
 from storage.directory import InvalidArgument
 from storage.funnels import Funnels
 

@@ -13,14 +13,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
 
-from reports.filters import Filter
 from reports.funnels import queries
 from reports.funnels.steps import Step
-from reports.money import exact_decimals, round_money
-from reports.params import DAY_MS, DateRange
-from reports.revenue_queries import revenue_rows
-from reports.segment_queries import Segment, resolve
-from reports.timeseries import ratio
+from reports.money.amounts import exact_decimals, ratio, round_money
+from reports.money.queries import revenue_rows
+from reports.segments.filters import Filter
+from reports.segments.queries import Segment, resolve
+from reports.shared.params import DAY_MS, DateRange
 from storage.db import Database
 
 

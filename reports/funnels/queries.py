@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import orjson
 
-from reports.segment_queries import Segment
+from reports.segments.queries import Segment
 from storage.dialect import dialect, integer_of_text
 
 # A visit's events are read up to a day after the range: a visit started in the range may

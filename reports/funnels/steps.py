@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from reports.params import InvalidReportParameter
+from reports.shared.params import InvalidReportParameter
 
 MIN_STEPS = 2
 MAX_STEPS = 8
