@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
+from typing import NamedTuple
 
 from reports.funnels import queries
 from reports.funnels.steps import Step
@@ -23,19 +24,39 @@ from reports.shared.params import DAY_MS, DateRange
 from storage.db import Database
 
 
-def visit_progress(events: Iterable[queries.StepEvent], steps: Sequence[Step]
+class StepMatch(NamedTuple):
+    """What does a step: an event of this name and, for a page step, one of these paths."""
+
+    name: str
+    paths: frozenset[str] | None = None
+
+
+def step_matches(steps: Sequence[Step], stored_paths: Iterable[str]) -> list[StepMatch]:
+    """Each step's match, its `*` pattern tested once against each stored path rather than
+    against every event."""
+    patterns = [s for s in steps if s.is_pattern]
+    matching = {s: set() for s in patterns}
+    for path in stored_paths if patterns else ():
+        for s in patterns:
+            if s.path_matches(path):
+                matching[s].add(path)
+    return [StepMatch(s.value) if s.kind == "goal" else
+            StepMatch("pageview", frozenset(matching[s] if s.is_pattern else {s.value}))
+            for s in steps]
+
+
+def visit_progress(events: Iterable[queries.StepEvent], steps: Sequence[StepMatch]
                    ) -> dict[int, tuple[int, int, int]]:
     """Per visit: (visitor id, steps reached in order, time the last of them was reached),
     for the visits that reached step 1. `steps` holds no payment step."""
     progress: dict[int, tuple[int, int, int]] = {}
+    last = len(steps)
     for e in events:
-        visitor, reached, at = progress.get(e.session_id, (e.visitor_id, 0, 0))
-        if reached == len(steps):
+        visitor, reached, _ = progress.get(e.session_id, (e.visitor_id, 0, 0))
+        if reached == last:
             continue
         step = steps[reached]
-        done = (e.name == step.value if step.kind == "goal"
-                else e.name == "pageview" and step.path_matches(e.pathname))
-        if done:
+        if e.name == step.name and (step.paths is None or e.pathname in step.paths):
             progress[e.session_id] = (visitor, reached + 1, e.ts)
     return progress
 
@@ -78,17 +99,17 @@ def funnel(db: Database, site_id: int, period: DateRange, steps: Sequence[Step],
     conn = db.conn()
     start, end = period.start_ms, period.end_ms
     visit_steps = [s for s in steps if s.kind != "payment"]
-    paths = {s.value for s in visit_steps if s.kind == "page" and not s.is_pattern}
-    if any(s.is_pattern for s in visit_steps):
-        paths.update(p for p in queries.pathnames(conn, site_id, start, end + DAY_MS)
-                     if any(s.path_matches(p) for s in visit_steps if s.is_pattern))
-    names = {s.value for s in visit_steps if s.kind == "goal"}
+    stored = (queries.pathnames(conn, site_id, start, end + DAY_MS)
+              if any(s.is_pattern for s in visit_steps) else ())
+    matches = step_matches(visit_steps, stored)
+    paths = set().union(*(m.paths for m in matches if m.paths is not None))
+    names = {m.name for m in matches if m.paths is None}
     segment = None
     if filters:
         segment = Segment(resolve(conn, site_id, filters, start, end + DAY_MS), None)
     progress = visit_progress(
         queries.step_events(conn, site_id, start, end, names, paths, segment, DAY_MS),
-        visit_steps)
+        matches)
     reached: list[set[int]] = [set() for _ in steps]
     for visitor, count, _ in progress.values():
         for i in range(count):
