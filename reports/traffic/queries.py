@@ -3,7 +3,7 @@ minutes, counted live from events."""
 
 from __future__ import annotations
 
-import sqlite3
+from storage.connection import Connection
 
 _REALTIME_VISITORS = (
     "SELECT count(DISTINCT visitor_id) FROM events"
@@ -24,7 +24,7 @@ _REALTIME_SOURCES = (
 )
 
 
-def realtime_counts(conn: sqlite3.Connection, site_id: int, visitors_since: int,
+def realtime_counts(conn: Connection, site_id: int, visitors_since: int,
                     since: int) -> tuple[int, dict[int, int], list, list]:
     visitors = conn.execute(_REALTIME_VISITORS, (site_id, visitors_since)).fetchone()[0]
     minutes = dict(conn.execute(_REALTIME_MINUTES, (site_id, since)).fetchall())
