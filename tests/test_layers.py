@@ -124,6 +124,7 @@ REPORT_FLOORS: tuple[tuple[str, ...], ...] = (
     ("reports.traffic",),  # traffic figures, the realtime view and its SQL
     ("reports.days",),  # traffic per UTC day, stored once final
     ("reports.segments",),  # filters, goals, filtered traffic per day
+    ("reports.funnels",),  # steps in order within a visit, then a payment; and their SQL
     ("reports.timeseries",),  # buckets, figures per bucket, changes
     ("reports.assembly",),  # each report put together
     ("reports.service",),  # the one entry point

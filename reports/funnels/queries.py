@@ -8,13 +8,13 @@ same statement text; the filters add the fixed fragments of reports.segment_quer
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import orjson
 
 from reports.segments.queries import Segment
+from storage.connection import Connection
 from storage.dialect import dialect, integer_of_text
 
 # A visit's events are read up to a day after the range: a visit started in the range may
@@ -70,12 +70,12 @@ def _json(values) -> str:
     return orjson.dumps(sorted(values)).decode()
 
 
-def pathnames(conn: sqlite3.Connection, site_id: int, start: int, end: int) -> list[str]:
+def pathnames(conn: Connection, site_id: int, start: int, end: int) -> list[str]:
     """The pathnames of the pageviews dated in [start, end)."""
     return [row[0] for row in conn.execute(_PATHS, (site_id, start, end))]
 
 
-def step_events(conn: sqlite3.Connection, site_id: int, start: int, end: int,
+def step_events(conn: Connection, site_id: int, start: int, end: int,
                 names: set[str], paths: set[str], segment: Segment | None,
                 reach_ms: int) -> Iterator[StepEvent]:
     """The events of the visits started in [start, end) (up to `reach_ms` after `end`)
@@ -91,7 +91,7 @@ def step_events(conn: sqlite3.Connection, site_id: int, start: int, end: int,
         yield StepEvent(*row)
 
 
-def visit_customers(conn: sqlite3.Connection, site_id: int,
+def visit_customers(conn: Connection, site_id: int,
                     visits: set[int]) -> list[tuple[int, str]]:
     """(visit, customer) for each customer linked now to one of the visits' visitor ids."""
     if not visits:
@@ -100,7 +100,7 @@ def visit_customers(conn: sqlite3.Connection, site_id: int,
         _VISIT_CUSTOMERS[dialect(conn)], (site_id, _json(visits)))]
 
 
-def charges(conn: sqlite3.Connection, site_id: int, start: int, end: int,
+def charges(conn: Connection, site_id: int, start: int, end: int,
             customers: set[str]) -> list[tuple[str, int]]:
     """(customer, paid_at_ms) of the customers' succeeded charges dated in [start, end)."""
     if not customers:
