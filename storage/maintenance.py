@@ -571,7 +571,7 @@ _SITE_TABLES = (
     "customer_first_touch", "first_touch_refresh", "session_visitors", "visitor_identities",
     "browser_links", "sessions", "subscription_observations", "subscriptions", "payments",
     "customers", "stripe_objects", "stripe_events", "stripe_webhook_secrets", "shared_links",
-    "api_keys", "site_identity_secrets", "dead_letters", "site_hosts",
+    "api_keys", "site_identity_secrets", "dead_letters", "funnels", "site_hosts",
 )
 _DELETE_SITE_ROWS = {table: f"DELETE FROM {table} WHERE site_id = ?"  # noqa: S608 - fixed names
                      for table in _SITE_TABLES}

@@ -232,6 +232,10 @@ class Segment:
             params += (site_id, t0, t1 + DAY_MS, *self.event_where.params)
         return params
 
+    def sessions_params(self, site_id: int, t0: int, t1: int) -> tuple:
+        """The parameters of `sessions_where` for the sessions started in [t0, t1)."""
+        return self._sessions_params(site_id, t0, t1)
+
     def _goal_params(self, site_id: int, t0: int, t1: int) -> tuple:
         return (site_id, t0, t1 + DAY_MS, self.goal.name) if self.goal else ()
 
