@@ -14,9 +14,13 @@ from collections.abc import Iterable, Sequence
 import orjson
 
 from storage.sparse import SparseInsert
+from storage.statements import statement
 from vocabulary import UTM_KEYS
 
 _ALIAS = re.compile(r"[a-z][a-z0-9_]*")
+
+
+_NEXT_SESSION_ID = statement("SELECT max(id) FROM sessions")
 
 
 def first_touch_join(owner: str, session: str = "fs") -> str:
@@ -34,17 +38,17 @@ def first_touch_join(owner: str, session: str = "fs") -> str:
     )
 
 
-_FIRST_SESSION = (
+# The owner's columns are cast so that PostgreSQL knows their types before the parameters'.
+_OWNER = " FROM (SELECT CAST(?1 AS INTEGER) AS site_id, CAST(?2 AS TEXT) AS customer_id) AS owner"
+_FIRST_SESSION = statement(
     "SELECT fs.id, fs.channel, fs.source, fs.referrer, fs.landing_page, "  # noqa: S608 - fixed names
     + ", ".join(f"fs.{key}" for key in UTM_KEYS) + ", fs.started_at"  # sql-safe: fixed UTM_KEYS
-    + " FROM (SELECT ?1 AS site_id, ?2 AS customer_id) AS owner"
-    + first_touch_join("owner")  # sql-safe: a fixed alias
+    + _OWNER + first_touch_join("owner")  # sql-safe: a fixed alias
 )
-_FIRST_CHANNEL = (
-    "SELECT fs.channel FROM (SELECT ?1 AS site_id, ?2 AS customer_id) AS owner"  # noqa: S608 - fixed alias
-    + first_touch_join("owner")  # sql-safe: a fixed alias
+_FIRST_CHANNEL = statement(
+    "SELECT fs.channel" + _OWNER + first_touch_join("owner")  # sql-safe: a fixed alias
 )
-_FIRST_CHANNELS = (
+_FIRST_CHANNELS = statement(
     "SELECT owner.customer_id, fs.channel FROM customer_first_touch owner"  # noqa: S608 - fixed alias
     + first_touch_join("owner")  # sql-safe: a fixed alias
     + " WHERE owner.site_id = ?"
@@ -74,7 +78,7 @@ def first_channels(conn: sqlite3.Connection, site_id: int,
 # Each stored session of one site linked to one of the visitor ids (a JSON array) and
 # seen within [from, to], with every visitor id it is linked to: a row per link, and a
 # session linked to two of the ids comes twice.
-_LOAD_SESSIONS = (
+_LOAD_SESSIONS = statement(
     "SELECT o.id, o.started_at, o.last_seen_at, l.visitor_id"
     " FROM json_each(?1) AS w CROSS JOIN session_visitors f CROSS JOIN sessions o"
     " CROSS JOIN session_visitors l"
@@ -86,20 +90,20 @@ NEW_SESSION_COLUMNS = (
     "id", "site_id", "visitor_id", "started_at", "last_seen_at", "channel", "source",
     "referrer", "landing_page", "entry_path", *UTM_KEYS, "pageviews", "custom_events")
 _NEW_SESSIONS = SparseInsert("sessions", NEW_SESSION_COLUMNS)
-_UPDATE_COUNTS = (
+_UPDATE_COUNTS = statement(
     "UPDATE sessions SET last_seen_at = max(last_seen_at, ?), pageviews = pageviews + ?,"
     " custom_events = custom_events + ? WHERE id = ?"
 )
-_UPDATE_LANDING = (
+_UPDATE_LANDING = statement(
     "UPDATE sessions SET started_at = ?, channel = ?, source = ?, referrer = ?, landing_page = ?,"
     " entry_path = ?, utm_source = ?, utm_medium = ?, utm_campaign = ?, utm_term = ?,"
     " utm_content = ? WHERE id = ? AND started_at > ?"
 )
-_INSERT_SESSION_VISITOR = (
+_INSERT_SESSION_VISITOR = statement(
     "INSERT INTO session_visitors (site_id, visitor_id, session_id) VALUES (?, ?, ?)"
     " ON CONFLICT DO NOTHING"
 )
-_INSERT_IDENTITY = (
+_INSERT_IDENTITY = statement(
     "INSERT INTO visitor_identities (site_id, uid, visitor_id, linked_at)"
     " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
@@ -115,7 +119,7 @@ def sessions_of_visitors(conn: sqlite3.Connection, site_id: int, visitor_ids: li
 
 def next_session_id(conn: sqlite3.Connection) -> int:
     """The id SQLite gives the next session (the caller holds the write lock)."""
-    return (conn.execute("SELECT max(id) FROM sessions").fetchone()[0] or 0) + 1
+    return (conn.execute(_NEXT_SESSION_ID).fetchone()[0] or 0) + 1
 
 
 def insert_sessions(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:

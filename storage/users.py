@@ -15,8 +15,70 @@ from dataclasses import dataclass
 
 from storage.db import Database
 from storage.directory import InvalidArgument, NotFound, _iso
+from storage.statements import statement
 
 _EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
+
+
+_CREATE_USER_SELECT_USERS = statement("SELECT 1 FROM users WHERE email = ?")
+_CREATE_USER_SELECT_ACCOUNTS = statement("SELECT id FROM accounts WHERE public_id = ?")
+_CREATE_USER_INSERT_USERS = statement(
+    "INSERT INTO users (public_id, email, password_hash, created_at)"
+    " VALUES (?, ?, ?, ?) RETURNING id")
+_CREATE_USER_INSERT_USER_ACCOUNTS = statement(
+    "INSERT INTO user_accounts (user_id, account_id) VALUES (?, ?)")
+_LIST_USERS_SELECT_USERS = statement(
+    "SELECT id, public_id, email, created_at FROM users ORDER BY id")
+_LIST_USERS_SELECT_USER_ACCOUNTS = statement(
+    "SELECT a.public_id FROM user_accounts ua JOIN accounts a ON a.id = ua.account_id"
+    " WHERE ua.user_id = ? ORDER BY a.public_id")
+_FIND_USER = statement(
+    "SELECT id, public_id, email, password_hash FROM users"
+    " WHERE email = ? OR public_id = ?")
+_DELETE_USER_DELETE_USER_SESSIONS = statement("DELETE FROM user_sessions WHERE user_id = ?")
+_DELETE_USER_DELETE_SIGN_IN_ADDRESSES = statement("DELETE FROM sign_in_addresses WHERE user_id = ?")
+_DELETE_USER_DELETE_USER_ACCOUNTS = statement("DELETE FROM user_accounts WHERE user_id = ?")
+_DELETE_USER_DELETE_USERS = statement("DELETE FROM users WHERE id = ?")
+_SET_PASSWORD_HASH_UPDATE_USERS = statement("UPDATE users SET password_hash = ? WHERE id = ?")
+_REPLACE_HASH = statement("UPDATE users SET password_hash = ? WHERE id = ? AND password_hash = ?")
+_START_SESSION_DELETE_USER_SESSIONS = statement("DELETE FROM user_sessions WHERE expires_at <= ?")
+_START_SESSION_INSERT_USER_SESSIONS = statement(
+    "INSERT INTO user_sessions (id_hash, user_id, csrf_token, created_at, expires_at)"
+    " VALUES (?, ?, ?, ?, ?)")
+_FIND_SESSION_SELECT_USER_SESSIONS = statement(
+    "SELECT s.user_id, u.email, s.csrf_token, s.expires_at FROM user_sessions s"
+    " JOIN users u ON u.id = s.user_id WHERE s.id_hash = ? AND s.expires_at > ?")
+_FIND_SESSION_SELECT_USER_ACCOUNTS = statement(
+    "SELECT account_id FROM user_accounts WHERE user_id = ?")
+_END_SESSION = statement("DELETE FROM user_sessions WHERE id_hash = ?")
+_SITES_OF_SELECT_SITES = statement(
+    "SELECT s.id, s.public_id, a.public_id, a.name FROM sites s"
+    " JOIN accounts a ON a.id = s.account_id"
+    " WHERE s.account_id IN (SELECT value FROM json_each(?)) ORDER BY s.id")
+_SITES_OF_SELECT_SITE_HOSTS = statement(
+    "SELECT host FROM site_hosts WHERE site_id = ? ORDER BY host")
+_RECORD_FAILURE_INSERT_LOGIN_FAILURES = statement(
+    "INSERT INTO login_failures (email, client_ip, at_ms) VALUES (?, ?, ?)")
+_RECORD_FAILURE_DELETE_LOGIN_FAILURES = statement("DELETE FROM login_failures WHERE at_ms < ?")
+_FAILURES_SINCE_SELECT_LOGIN_FAILURES = statement(
+    "SELECT count(*), min(at_ms) FROM login_failures"
+    " WHERE email = ? AND client_ip = ? AND at_ms >= ?")
+_FAILURES_SINCE_SELECT_LOGIN_FAILURES_2 = statement(
+    "SELECT count(*), min(at_ms) FROM login_failures WHERE client_ip = ? AND at_ms >= ?")
+_FAILURES_SINCE_SELECT_LOGIN_FAILURES_3 = statement(
+    "SELECT count(*), min(at_ms) FROM login_failures WHERE email = ? AND at_ms >= ?")
+_CLEAR_FAILURES = statement("DELETE FROM login_failures WHERE email = ? AND client_ip = ?")
+_REMEMBER_ADDRESS_INSERT_SIGN_IN_ADDRESSES = statement(
+    "INSERT INTO sign_in_addresses (user_id, address, last_at) VALUES (?, ?, ?)"
+    " ON CONFLICT (user_id, address) DO UPDATE SET last_at = excluded.last_at")
+_REMEMBER_ADDRESS_DELETE_SIGN_IN_ADDRESSES = statement(
+    "DELETE FROM sign_in_addresses WHERE user_id = ? AND last_at < ?")
+_KNOWN_ADDRESS = statement(
+    "SELECT 1 FROM sign_in_addresses WHERE user_id = ? AND address = ? AND last_at >= ?")
+_SIGN_IN_KEY_SELECT_SIGN_IN_KEY = statement("SELECT key FROM sign_in_key WHERE id = 1")
+_SIGN_IN_KEY_INSERT_SIGN_IN_KEY = statement(
+    "INSERT INTO sign_in_key (id, key, created_at) VALUES (1, ?, ?)"
+    " ON CONFLICT (id) DO NOTHING")
 
 
 @dataclass(frozen=True)
@@ -72,31 +134,29 @@ class Users:
             raise InvalidArgument("give at least one --account")
         public_id = "user_" + base64.b32encode(self.random_bytes(10)).decode("ascii").lower()
         with self.db.transaction() as conn:
-            if conn.execute("SELECT 1 FROM users WHERE email = ?", (email,)).fetchone():
+            if conn.execute(_CREATE_USER_SELECT_USERS, (email,)).fetchone():
                 raise InvalidArgument(f"a user with email {email} exists")
             ids = []
             for account in accounts:
-                row = conn.execute("SELECT id FROM accounts WHERE public_id = ?",
+                row = conn.execute(_CREATE_USER_SELECT_ACCOUNTS,
                                    (account,)).fetchone()
                 if row is None:
                     raise NotFound(f"no account {account}")
                 ids.append(row[0])
             user_id = conn.execute(
-                "INSERT INTO users (public_id, email, password_hash, created_at)"
-                " VALUES (?, ?, ?, ?) RETURNING id",
+                _CREATE_USER_INSERT_USERS,
                 (public_id, email, password_hash, self._now_ms())).fetchone()[0]
-            conn.executemany("INSERT INTO user_accounts (user_id, account_id) VALUES (?, ?)",
+            conn.executemany(_CREATE_USER_INSERT_USER_ACCOUNTS,
                              [(user_id, account_id) for account_id in ids])
         return {"id": public_id, "email": email, "accounts": accounts}
 
     def list_users(self) -> list[dict]:
         conn = self.db.conn()
-        users = conn.execute("SELECT id, public_id, email, created_at FROM users ORDER BY id")
+        users = conn.execute(_LIST_USERS_SELECT_USERS)
         result = []
         for user_id, public_id, email, created_at in users.fetchall():
             accounts = [r[0] for r in conn.execute(
-                "SELECT a.public_id FROM user_accounts ua JOIN accounts a ON a.id = ua.account_id"
-                " WHERE ua.user_id = ? ORDER BY a.public_id", (user_id,))]
+                _LIST_USERS_SELECT_USER_ACCOUNTS, (user_id,))]
             result.append({"id": public_id, "email": email, "accounts": accounts,
                            "created_at": _iso(created_at)})
         return result
@@ -105,8 +165,7 @@ class Users:
         value = email_or_id.strip()
         column_value = value.lower() if "@" in value else value
         row = self.db.conn().execute(
-            "SELECT id, public_id, email, password_hash FROM users"
-            " WHERE email = ? OR public_id = ?", (column_value, column_value)).fetchone()
+            _FIND_USER, (column_value, column_value)).fetchone()
         return None if row is None else UserRecord(*row)
 
     def _require(self, email_or_id: str) -> UserRecord:
@@ -118,26 +177,26 @@ class Users:
     def delete_user(self, email_or_id: str) -> dict:
         user = self._require(email_or_id)
         with self.db.transaction() as conn:
-            conn.execute("DELETE FROM user_sessions WHERE user_id = ?", (user.id,))
-            conn.execute("DELETE FROM sign_in_addresses WHERE user_id = ?", (user.id,))
-            conn.execute("DELETE FROM user_accounts WHERE user_id = ?", (user.id,))
-            conn.execute("DELETE FROM users WHERE id = ?", (user.id,))
+            conn.execute(_DELETE_USER_DELETE_USER_SESSIONS, (user.id,))
+            conn.execute(_DELETE_USER_DELETE_SIGN_IN_ADDRESSES, (user.id,))
+            conn.execute(_DELETE_USER_DELETE_USER_ACCOUNTS, (user.id,))
+            conn.execute(_DELETE_USER_DELETE_USERS, (user.id,))
         return {"id": user.public_id, "email": user.email, "deleted": True}
 
     def set_password_hash(self, email_or_id: str, password_hash: str) -> dict:
         """A new password ends every session the user had."""
         user = self._require(email_or_id)
         with self.db.transaction() as conn:
-            conn.execute("UPDATE users SET password_hash = ? WHERE id = ?",
+            conn.execute(_SET_PASSWORD_HASH_UPDATE_USERS,
                          (password_hash, user.id))
-            ended = conn.execute("DELETE FROM user_sessions WHERE user_id = ?",
+            ended = conn.execute(_DELETE_USER_DELETE_USER_SESSIONS,
                                  (user.id,)).rowcount
         return {"id": user.public_id, "email": user.email, "sessions_ended": ended}
 
     def replace_hash(self, user_id: int, old_hash: str, new_hash: str) -> None:
         """A stronger hash of the same password, written only if nothing changed it since."""
         with self.db.transaction() as conn:
-            conn.execute("UPDATE users SET password_hash = ? WHERE id = ? AND password_hash = ?",
+            conn.execute(_REPLACE_HASH,
                          (new_hash, user_id, old_hash))
 
     # sessions --------------------------------------------------------------
@@ -145,40 +204,36 @@ class Users:
                       lifetime_ms: int) -> int:
         now = self._now_ms()
         with self.db.transaction() as conn:
-            conn.execute("DELETE FROM user_sessions WHERE expires_at <= ?", (now,))
+            conn.execute(_START_SESSION_DELETE_USER_SESSIONS, (now,))
             conn.execute(
-                "INSERT INTO user_sessions (id_hash, user_id, csrf_token, created_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?)", (id_hash, user_id, csrf_token, now, now + lifetime_ms))
+                _START_SESSION_INSERT_USER_SESSIONS, (id_hash, user_id, csrf_token, now, now + lifetime_ms))
         return now + lifetime_ms
 
     def find_session(self, id_hash: bytes) -> SignedIn | None:
         conn = self.db.conn()
         row = conn.execute(
-            "SELECT s.user_id, u.email, s.csrf_token, s.expires_at FROM user_sessions s"
-            " JOIN users u ON u.id = s.user_id WHERE s.id_hash = ? AND s.expires_at > ?",
+            _FIND_SESSION_SELECT_USER_SESSIONS,
             (id_hash, self._now_ms())).fetchone()
         if row is None:
             return None
         accounts = frozenset(r[0] for r in conn.execute(
-            "SELECT account_id FROM user_accounts WHERE user_id = ?", (row[0],)))
+            _FIND_SESSION_SELECT_USER_ACCOUNTS, (row[0],)))
         return SignedIn(row[0], row[1], accounts, row[2], row[3])
 
     def end_session(self, id_hash: bytes) -> None:
         with self.db.transaction() as conn:
-            conn.execute("DELETE FROM user_sessions WHERE id_hash = ?", (id_hash,))
+            conn.execute(_END_SESSION, (id_hash,))
 
     def sites_of(self, account_ids: Iterable[int]) -> list[dict]:
         """The sites of these accounts: public id, account public id and hostnames."""
         conn = self.db.conn()
         wanted = sorted(set(account_ids))
         rows = conn.execute(
-            "SELECT s.id, s.public_id, a.public_id, a.name FROM sites s"
-            " JOIN accounts a ON a.id = s.account_id"
-            " WHERE s.account_id IN (SELECT value FROM json_each(?)) ORDER BY s.id",
+            _SITES_OF_SELECT_SITES,
             (_json_list(wanted),)).fetchall()
         return [{"row_id": site_id, "id": public_id, "account": account, "account_name": name,
                  "hosts": [r[0] for r in conn.execute(
-                     "SELECT host FROM site_hosts WHERE site_id = ? ORDER BY host", (site_id,))]}
+                     _SITES_OF_SELECT_SITE_HOSTS, (site_id,))]}
                 for site_id, public_id, account, name in rows]
 
     # failed sign-ins ---------------------------------------------------------
@@ -186,24 +241,23 @@ class Users:
         """address: the client's address block (api.client_ip.address_block)."""
         now = self._now_ms()
         with self.db.transaction() as conn:
-            conn.execute("INSERT INTO login_failures (email, client_ip, at_ms) VALUES (?, ?, ?)",
+            conn.execute(_RECORD_FAILURE_INSERT_LOGIN_FAILURES,
                          (email, address, now))
             # Rows older than a day tell nothing any more.
-            conn.execute("DELETE FROM login_failures WHERE at_ms < ?", (now - 86_400_000,))
+            conn.execute(_RECORD_FAILURE_DELETE_LOGIN_FAILURES, (now - 86_400_000,))
 
     def failures_since(self, email: str, address: str, since_ms: int) -> Failures:
         """Failed sign-ins since then: for the email from the address, from the address
         (any email), for the email (any address); each with its earliest time."""
         conn = self.db.conn()
         pair = conn.execute(
-            "SELECT count(*), min(at_ms) FROM login_failures"
-            " WHERE email = ? AND client_ip = ? AND at_ms >= ?",
+            _FAILURES_SINCE_SELECT_LOGIN_FAILURES,
             (email, address, since_ms)).fetchone()
         by_address = conn.execute(
-            "SELECT count(*), min(at_ms) FROM login_failures WHERE client_ip = ? AND at_ms >= ?",
+            _FAILURES_SINCE_SELECT_LOGIN_FAILURES_2,
             (address, since_ms)).fetchone()
         by_email = conn.execute(
-            "SELECT count(*), min(at_ms) FROM login_failures WHERE email = ? AND at_ms >= ?",
+            _FAILURES_SINCE_SELECT_LOGIN_FAILURES_3,
             (email, since_ms)).fetchone()
         return Failures(tuple(pair), tuple(by_address), tuple(by_email))
 
@@ -211,7 +265,7 @@ class Users:
         """A successful sign-in forgets that address's failures for the email (only those:
         others' count on)."""
         with self.db.transaction() as conn:
-            conn.execute("DELETE FROM login_failures WHERE email = ? AND client_ip = ?",
+            conn.execute(_CLEAR_FAILURES,
                          (email, address))
 
     # addresses a user signed in from -----------------------------------------------
@@ -219,28 +273,26 @@ class Users:
         now = self._now_ms()
         with self.db.transaction() as conn:
             conn.execute(
-                "INSERT INTO sign_in_addresses (user_id, address, last_at) VALUES (?, ?, ?)"
-                " ON CONFLICT (user_id, address) DO UPDATE SET last_at = excluded.last_at",
+                _REMEMBER_ADDRESS_INSERT_SIGN_IN_ADDRESSES,
                 (user_id, address, now))
-            conn.execute("DELETE FROM sign_in_addresses WHERE user_id = ? AND last_at < ?",
+            conn.execute(_REMEMBER_ADDRESS_DELETE_SIGN_IN_ADDRESSES,
                          (user_id, forget_before_ms))
 
     def known_address(self, user_id: int, address: str, since_ms: int) -> bool:
         return self.db.conn().execute(
-            "SELECT 1 FROM sign_in_addresses WHERE user_id = ? AND address = ? AND last_at >= ?",
+            _KNOWN_ADDRESS,
             (user_id, address, since_ms)).fetchone() is not None
 
     def sign_in_key(self) -> bytes:
         """The installation's key for sign-in CSRF tokens, made on first use (the first
         writer wins)."""
         conn = self.db.conn()
-        row = conn.execute("SELECT key FROM sign_in_key WHERE id = 1").fetchone()
+        row = conn.execute(_SIGN_IN_KEY_SELECT_SIGN_IN_KEY).fetchone()
         if row is None:
             with self.db.transaction() as conn:
-                conn.execute("INSERT INTO sign_in_key (id, key, created_at) VALUES (1, ?, ?)"
-                             " ON CONFLICT (id) DO NOTHING",
+                conn.execute(_SIGN_IN_KEY_INSERT_SIGN_IN_KEY,
                              (self.random_bytes(32), self._now_ms()))
-            row = self.db.conn().execute("SELECT key FROM sign_in_key WHERE id = 1").fetchone()
+            row = self.db.conn().execute(_SIGN_IN_KEY_SELECT_SIGN_IN_KEY).fetchone()
         return bytes(row[0])
 
 
