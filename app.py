@@ -25,9 +25,9 @@ from api.payments import PaymentsResource
 from api.records import CustomerRecord, PaymentRecord
 from api.script import TrackerScript
 from api.stats import add_stats_routes
+from api.stripe_webhook import StripeWebhook
 from config import Config
 from dashboard.web import Dashboard
-from integrations.stripe.webhook import StripeWebhook
 from storage.backend import open_database
 from storage.db import Database
 from storage.directory import Directory

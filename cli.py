@@ -21,13 +21,13 @@ from config import Config, ConfigError
 from dashboard import passwords
 from quota.audit import usage_mismatches
 from quota.usage import account_usage, month_of
-from reports.csv_text import as_csv
-from reports.filters import COMPARISONS
-from reports.money import json_ready
-from reports.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter
-from reports.revenue_by import REVENUE_DIMENSIONS
+from reports.money.amounts import json_ready
+from reports.money.revenue_by import REVENUE_DIMENSIONS
+from reports.segments.filters import COMPARISONS
 from reports.service import run_report
-from reports.text import (
+from reports.shared.csv_text import as_csv
+from reports.shared.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter
+from reports.shared.text import (
     goals_lines,
     mrr_lines,
     realtime_lines,
@@ -364,8 +364,8 @@ def _migrate_to_postgres(args, ctx):
 def _prune(args, ctx):
     from datetime import date
 
-    from reports.days import DIMENSIONS
-    from reports.retention import cutoff_ms, earliest_allowed_cutoff, store_days
+    from reports.days.queries import DIMENSIONS
+    from reports.days.retention import cutoff_ms, earliest_allowed_cutoff, store_days
 
     now_ms = int(ctx.clock() * 1000)
     latest = earliest_allowed_cutoff(now_ms)

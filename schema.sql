@@ -369,7 +369,7 @@ CREATE INDEX IF NOT EXISTS payments_subscription
     ON payments (site_id, subscription_id, paid_at_ms) WHERE subscription_id IS NOT NULL;
 
 -- Traffic of a UTC day (days since 1970-01-01), stored once the day can no longer change
--- (reports/days.py): the day's totals; and per breakdown dimension, a row saying its
+-- (reports/days/traffic_days.py): the day's totals; and per breakdown dimension, a row saying its
 -- values are stored, then one row per value.
 CREATE TABLE IF NOT EXISTS traffic_days (
     site_id     INTEGER NOT NULL REFERENCES sites (id),
@@ -525,8 +525,8 @@ CREATE TABLE IF NOT EXISTS deleted_events (
 ) WITHOUT ROWID;
 
 -- Stats API v2 (issue 14) -----------------------------------------------------
--- Traffic of a segment (filters and/or a goal, reports/filters.py segment_key) per UTC
--- day, stored like traffic_days once the day is final (reports/segments.py). A site keeps
+-- Traffic of a segment (filters and/or a goal, reports/segments/filters.py segment_key) per UTC
+-- day, stored like traffic_days once the day is final (reports/segments/segment_days.py). A site keeps
 -- at most MAX_STORED_SEGMENTS segments; further segments are counted live every time.
 CREATE TABLE IF NOT EXISTS traffic_segments (
     site_id     INTEGER NOT NULL REFERENCES sites (id),

@@ -22,9 +22,9 @@ from dashboard.figures import Reports, dashboard_figures, primary_currency
 from dashboard.periods import PERIODS, Period, resolve
 from dashboard.render import render, static_file
 from quota.usage import account_usage, month_of
-from reports.money import dumps
-from reports.params import InvalidReportParameter, utc_today
+from reports.money.amounts import dumps
 from reports.service import too_expensive
+from reports.shared.params import InvalidReportParameter, utc_today
 from storage.db import Database, ReadBudgetExceeded
 from storage.directory import Directory, InvalidArgument, SiteRecord
 from storage.reads import ReadPool, ReadsBusy

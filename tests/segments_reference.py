@@ -2,7 +2,7 @@
 tests/test_reports_bounded.py compares today's with: one statement per bucket, and a `~`
 filter tested on each row with instr/lower over its values.
 
-The same figures must come out of reports.segment_queries (filters matched against the
+The same figures must come out of reports.segments.queries (filters matched against the
 stored values once, many buckets per statement) for any data and filters.
 """
 
@@ -13,15 +13,15 @@ from typing import NamedTuple
 
 import orjson
 
-from reports.filters import Filter, Goal
-from reports.params import DAY_MS
-from reports.segment_queries import SegmentCount, SegmentTotals
+from reports.segments.filters import Filter, Goal
+from reports.segments.queries import SegmentCount, SegmentTotals
+from reports.shared.params import DAY_MS
 
 SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source", "medium": "s.utm_medium",
                    "campaign": "s.utm_campaign", "entry_page": "s.entry_path"}
 EVENT_COLUMNS = {"page": "e.pathname", "hostname": "e.hostname", "country": "e.country",
                  "device": "e.device", "browser": "e.browser", "os": "e.os", "event": "e.name"}
-# Breakdown dimensions (reports.days.DIMENSIONS) and their columns.
+# Breakdown dimensions (reports.days.queries.DIMENSIONS) and their columns.
 BREAKDOWN_SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source",
                              "entry_page": "s.entry_path", "medium": "s.utm_medium",
                              "campaign": "s.utm_campaign", "term": "s.utm_term",

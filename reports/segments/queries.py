@@ -29,14 +29,14 @@ from typing import NamedTuple
 
 import orjson
 
-from reports.filters import Filter, Goal
-from reports.params import DAY_MS
+from reports.segments.filters import Filter, Goal
+from reports.shared.params import DAY_MS
 
 SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source", "medium": "s.utm_medium",
                    "campaign": "s.utm_campaign", "entry_page": "s.entry_path"}
 EVENT_COLUMNS = {"page": "e.pathname", "hostname": "e.hostname", "country": "e.country",
                  "device": "e.device", "browser": "e.browser", "os": "e.os", "event": "e.name"}
-# Breakdown dimensions (reports.days.DIMENSIONS) and their columns.
+# Breakdown dimensions (reports.days.queries.DIMENSIONS) and their columns.
 BREAKDOWN_SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source",
                              "entry_page": "s.entry_path", "medium": "s.utm_medium",
                              "campaign": "s.utm_campaign", "term": "s.utm_term",
@@ -150,7 +150,7 @@ def _where(filters: tuple[Filter, ...]) -> Where:
     sql, params = [], []
     for f in filters:
         if f.operator not in _CLAUSES[f.dimension]:
-            raise ValueError(f"resolve {f.text()!r} first (reports.segment_queries.resolve)")
+            raise ValueError(f"resolve {f.text()!r} first (reports.segments.queries.resolve)")
         sql.append(_CLAUSES[f.dimension][f.operator])
         if f.dimension == "prop":
             params.append(f.prop)
@@ -318,3 +318,79 @@ class Segment:
         return [SegmentCount(value, visitors, pageviews or 0, events or 0, conversions,
                              goal_events)
                 for value, visitors, pageviews, events, conversions, goal_events in rows]
+
+
+# A segment's final days, stored (reports.segments.segment_days): the segments a site
+# keeps, and per segment the figures of each stored day, dimension and value.
+_REGISTER = (
+    "INSERT INTO traffic_segments (site_id, segment, created_at)"
+    " SELECT ?1, ?2, ?3 WHERE (SELECT count(*) FROM traffic_segments WHERE site_id = ?1) < ?4"
+    " ON CONFLICT DO NOTHING"
+)
+_REGISTERED = "SELECT 1 FROM traffic_segments WHERE site_id = ? AND segment = ?"
+_STORED_TOTALS = (
+    "SELECT day, visitors, pageviews, sessions, events, bounces, duration_ms, conversions,"
+    " goal_events FROM traffic_segment_days"
+    " WHERE site_id = ? AND segment = ? AND day >= ? AND day <= ?"
+)
+_STORE_TOTALS = (
+    "INSERT INTO traffic_segment_days (site_id, segment, day, visitors, pageviews, sessions,"
+    " events, bounces, duration_ms, conversions, goal_events)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_STORED_DIMENSION_DAYS = (
+    "SELECT day FROM traffic_segment_dimensions"
+    " WHERE site_id = ? AND segment = ? AND dimension = ? AND day >= ? AND day <= ?"
+)
+_STORED_VALUES = (
+    "SELECT value, sum(visitors), sum(pageviews), sum(events), sum(conversions),"
+    " sum(goal_events) FROM traffic_segment_values"
+    " WHERE site_id = ? AND segment = ? AND dimension = ? AND day >= ? AND day <= ?"
+    " GROUP BY value"
+)
+_STORE_DIMENSION = (
+    "INSERT INTO traffic_segment_dimensions (site_id, segment, dimension, day)"
+    " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_STORE_VALUE = (
+    "INSERT INTO traffic_segment_values (site_id, segment, dimension, day, value, visitors,"
+    " pageviews, events, conversions, goal_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def register_segment(conn: sqlite3.Connection, site_id: int, key: str, now_ms: int,
+                     most: int) -> bool:
+    """Whether the segment is (now) one of the site's stored segments, at most `most` of them."""
+    conn.execute(_REGISTER, (site_id, key, now_ms, most))
+    return conn.execute(_REGISTERED, (site_id, key)).fetchone() is not None
+
+
+def stored_segment_totals(conn: sqlite3.Connection, site_id: int, key: str, first: int,
+                          last: int) -> dict[int, SegmentTotals]:
+    return {row[0]: SegmentTotals(*row[1:]) for row in conn.execute(
+        _STORED_TOTALS, (site_id, key, first, last))}
+
+
+def store_segment_totals(conn: sqlite3.Connection, site_id: int, key: str,
+                         totals: dict[int, SegmentTotals]) -> None:
+    conn.executemany(_STORE_TOTALS, [(site_id, key, day, *figures)
+                                     for day, figures in totals.items()])
+
+
+def stored_segment_dimension_days(conn: sqlite3.Connection, site_id: int, key: str, by: str,
+                                  first: int, last: int) -> set[int]:
+    return {row[0] for row in conn.execute(
+        _STORED_DIMENSION_DAYS, (site_id, key, by, first, last))}
+
+
+def stored_segment_values(conn: sqlite3.Connection, site_id: int, key: str, by: str,
+                          first: int, last: int) -> list[SegmentCount]:
+    return [SegmentCount(*row) for row in conn.execute(
+        _STORED_VALUES, (site_id, key, by, first, last))]
+
+
+def store_segment_values(conn: sqlite3.Connection, site_id: int, key: str, by: str, day: int,
+                         counts: list[SegmentCount]) -> None:
+    """A day's values of one dimension, unless another worker stored them first."""
+    if conn.execute(_STORE_DIMENSION, (site_id, key, by, day)).rowcount:
+        conn.executemany(_STORE_VALUE, [(site_id, key, by, day, *count) for count in counts])

@@ -20,8 +20,9 @@ import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from reports.params import DateRange, day_start_ms
-from reports.traffic import BreakdownCount, SessionTotals
+from reports.days import queries
+from reports.shared.params import DateRange, day_start_ms
+from reports.traffic.figures import BreakdownCount, SessionTotals
 from storage.db import Database, StorageError
 from vocabulary import DAY_MS, TS_FUTURE_MS, TS_PAST_MS
 
@@ -32,111 +33,12 @@ OPEN_SESSION_MS = 2 * 3_600_000
 STORE_WAIT_MS = 200
 STORE_BATCH_DAYS = 7
 
-# Dimensions read from each event, and those fixed by a session's first event.
-EVENT_DIMENSIONS = {"page": "pathname", "country": "country", "device": "device",
-                    "browser": "browser", "os": "os", "event": "name"}
-SESSION_DIMENSIONS = {"channel": "channel", "source": "source", "entry_page": "entry_path"}
-DIMENSIONS = (*SESSION_DIMENSIONS, *EVENT_DIMENSIONS)
-
-_EVENT_TOTALS = (
-    "SELECT count(*) FILTER (WHERE name = 'pageview'), count(*) FILTER (WHERE name <> 'pageview')"
-    " FROM events WHERE site_id = ? AND ts >= ? AND ts < ? AND name <> '$identify'"
-)
-# Visitors are counted over sessions (a quarter of the rows of events, so half the time of
-# a distinct count over events); a visit that crosses midnight counts on the day it began.
-_SESSION_TOTALS = (
-    "SELECT count(DISTINCT visitor_id), count(*),"
-    " count(*) FILTER (WHERE pageviews = 1 AND custom_events = 0),"
-    " coalesce(sum(last_seen_at - started_at), 0)"
-    " FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
-)
-# A site's traffic can only be dated within its life: from its creation (an event may
-# carry a time up to TS_PAST_MS earlier), or its first stored event or session when
-# earlier (a copied or restored database), to now (an event up to TS_FUTURE_MS later).
-# Days outside are known empty: never counted, never stored.
-_SITE_LIFE = (
-    "SELECT (SELECT created_at FROM sites WHERE id = ?1),"
-    " (SELECT min(ts) FROM events WHERE site_id = ?1),"
-    " (SELECT min(started_at) FROM sessions WHERE site_id = ?1)"
-)
-_OPEN_SESSION = (
-    "SELECT 1 FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
-    " AND last_seen_at >= ? LIMIT 1"
-)
-
-
-def _event_values_sql(column: str) -> str:
-    # sql-safe: column comes from the fixed mapping EVENT_DIMENSIONS, values stay parameters
-    return (
-        f"SELECT {column}, count(DISTINCT visitor_id),"  # noqa: S608 - fixed column
-        " count(*) FILTER (WHERE name = 'pageview'), count(*) FILTER (WHERE name <> 'pageview')"
-        " FROM events WHERE site_id = ? AND ts >= ? AND ts < ? AND name <> '$identify'"
-        + (" AND name <> 'pageview'" if column == "name" else "")
-        + f" GROUP BY {column}"  # sql-safe: fixed column from EVENT_DIMENSIONS
-    )
-
-
-def _session_values_sql(column: str) -> str:
-    # sql-safe: column comes from the fixed mapping SESSION_DIMENSIONS, values stay parameters
-    return (
-        f"SELECT {column}, count(DISTINCT visitor_id),"  # noqa: S608 - fixed column
-        " sum(pageviews), sum(custom_events)"
-        " FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
-        f" GROUP BY {column}"  # sql-safe: fixed column from SESSION_DIMENSIONS
-    )
-
-
-VALUES_SQL = {
-    **{by: _session_values_sql(column) for by, column in SESSION_DIMENSIONS.items()},
-    **{by: _event_values_sql(column) for by, column in EVENT_DIMENSIONS.items()},
-}
-
-# What is stored for a day: its totals (a traffic_days row), and per dimension a
-# traffic_day_dimensions row with the day's traffic_day_values rows (possibly none).
-_STORED_TOTALS = (
-    "SELECT day, visitors, pageviews, sessions, events, bounces, duration_ms FROM traffic_days"
-    " WHERE site_id = ? AND day >= ? AND day <= ?"
-)
-_STORED_DIMENSION_DAYS = (
-    "SELECT day FROM traffic_day_dimensions"
-    " WHERE site_id = ? AND dimension = ? AND day >= ? AND day <= ?"
-)
-_STORED_VALUES = (
-    "SELECT value, sum(visitors), sum(pageviews), sum(events) FROM traffic_day_values"
-    " WHERE site_id = ? AND dimension = ? AND day >= ? AND day <= ? GROUP BY value"
-)
-_STORE_TOTALS = (
-    "INSERT INTO traffic_days (site_id, day, visitors, pageviews, sessions, events, bounces,"
-    " duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
-_STORE_DIMENSION = (
-    "INSERT INTO traffic_day_dimensions (site_id, day, dimension) VALUES (?, ?, ?)"
-    " ON CONFLICT DO NOTHING"
-)
-_STORE_VALUE = (
-    "INSERT INTO traffic_day_values (site_id, day, dimension, value, visitors, pageviews, events)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-
 
 def day_number(ms: int) -> int:
     return ms // DAY_MS
 
 
-def live_totals(conn: sqlite3.Connection, site_id: int, day: int) -> SessionTotals:
-    bounds = (site_id, day * DAY_MS, (day + 1) * DAY_MS)
-    pageviews, events = conn.execute(_EVENT_TOTALS, bounds).fetchone()
-    visitors, sessions, bounces, duration_ms = conn.execute(_SESSION_TOTALS, bounds).fetchone()
-    return SessionTotals(visitors, pageviews, sessions, events, bounces, duration_ms)
-
-
-def live_values(conn: sqlite3.Connection, site_id: int, day: int, by: str) -> list[BreakdownCount]:
-    rows = conn.execute(VALUES_SQL[by], (site_id, day * DAY_MS, (day + 1) * DAY_MS))
-    return [BreakdownCount(value, visitors, pageviews or 0, events or 0)
-            for value, visitors, pageviews, events in rows]
-
-
-def _day_bounds(period: DateRange) -> tuple[int, int]:
+def day_bounds(period: DateRange) -> tuple[int, int]:
     return day_number(day_start_ms(period.start)), day_number(day_start_ms(period.end))
 
 
@@ -179,8 +81,7 @@ class TrafficDays:
     def life(self) -> tuple[int, int]:
         """The first and last day that can hold the site's traffic (first > last: none)."""
         if self._life is None:
-            created, first_event, first_session = self.conn.execute(
-                _SITE_LIFE, (self.site_id,)).fetchone()
+            created, first_event, first_session = queries.site_life(self.conn, self.site_id)
             starts = [t for t in (first_event, first_session) if t is not None]
             if created is not None:
                 starts.append(created - TS_PAST_MS)
@@ -190,7 +91,7 @@ class TrafficDays:
 
     def within_life(self, period: DateRange) -> tuple[int, int]:
         """The period's first and last day cut to the site's life (first > last: none)."""
-        first, last = _day_bounds(period)
+        first, last = day_bounds(period)
         born, today = self.life()
         return max(first, born), min(last, today)
 
@@ -200,17 +101,16 @@ class TrafficDays:
 
     def day_totals(self, period: DateRange) -> dict[int, SessionTotals]:
         """Each day's totals, by day number (days since 1970-01-01)."""
-        first, last = _day_bounds(period)
+        first, last = day_bounds(period)
         totals = dict.fromkeys(range(first, last + 1), self.empty)
         lo, hi = self.within_life(period)
         if lo > hi:
             return totals
-        stored = {row[0]: SessionTotals(*row[1:]) for row in self.conn.execute(
-            _STORED_TOTALS, (self.site_id, lo, hi))}
+        stored = queries.stored_totals(self.conn, self.site_id, lo, hi)
         counted = self._count(
             [day for day in range(lo, hi + 1) if day not in stored],
-            lambda day: live_totals(self.conn, self.site_id, day),
-            lambda conn, day, totals: conn.execute(_STORE_TOTALS, (self.site_id, day, *totals)))
+            lambda day: queries.live_totals(self.conn, self.site_id, day),
+            lambda conn, day, totals: queries.store_totals(conn, self.site_id, day, totals))
         totals.update(stored)
         totals.update(counted)
         return totals
@@ -219,30 +119,25 @@ class TrafficDays:
         first, last = self.within_life(period)
         if first > last:
             return []
-        bounds = (self.site_id, by, first, last)
         # One read transaction: the stored days and their values from the same snapshot.
         with self.db.snapshot(self.conn) as conn:
-            stored_days = {row[0] for row in conn.execute(_STORED_DIMENSION_DAYS, bounds)}
-            stored = [BreakdownCount(*row) for row in conn.execute(_STORED_VALUES, bounds)]
+            stored_days = queries.stored_dimension_days(conn, self.site_id, by, first, last)
+            stored = queries.stored_values(conn, self.site_id, by, first, last)
 
         def store(conn: sqlite3.Connection, day: int, counts: list[BreakdownCount]) -> None:
-            if conn.execute(_STORE_DIMENSION, (self.site_id, day, by)).rowcount:
-                conn.executemany(_STORE_VALUE, [
-                    (self.site_id, day, by, c.value, c.visitors, c.pageviews, c.events)
-                    for c in counts])
+            queries.store_values(conn, self.site_id, day, by, counts)
 
         counted = self._count(
             [day for day in range(first, last + 1) if day not in stored_days],
-            lambda day: live_values(self.conn, self.site_id, day, by), store)
+            lambda day: queries.live_values(self.conn, self.site_id, day, by), store)
         return _merge([*stored, *(c for counts in counted.values() for c in counts)])
 
     def _is_final(self, day: int) -> bool:
         end = (day + 1) * DAY_MS
         if self.now_ms < end + FINAL_DELAY_MS:
             return False
-        still_open = self.conn.execute(
-            _OPEN_SESSION, (self.site_id, day * DAY_MS, end, self.now_ms - OPEN_SESSION_MS))
-        return still_open.fetchone() is None
+        return not queries.session_open(
+            self.conn, self.site_id, day * DAY_MS, end, self.now_ms - OPEN_SESSION_MS)
 
     def _count(self, days: list[int], count: Callable[[int], object],
                store: Callable[[sqlite3.Connection, int, object], None]) -> dict[int, object]:
@@ -271,7 +166,7 @@ class TrafficDays:
         if not final or self._busy:
             return
         # A report never waits long for the write lock: storing can wait for the next one.
-        self.conn.execute(f"PRAGMA busy_timeout = {STORE_WAIT_MS}")  # sql-safe: an int constant
+        queries.set_busy_timeout(self.conn, STORE_WAIT_MS)
         try:
             with self.db.transaction(self.conn) as conn:
                 for day in final:
@@ -280,5 +175,4 @@ class TrafficDays:
             self._busy = True
             log.info("traffic of %d final days not stored this time (%s)", len(final), exc)
         finally:
-            restore = int(self.db.busy_timeout_ms)
-            self.conn.execute(f"PRAGMA busy_timeout = {restore}")  # sql-safe: an int
+            queries.set_busy_timeout(self.conn, self.db.busy_timeout_ms)
