@@ -83,10 +83,6 @@ def _short(sql: str) -> str:
 SHARED_FUNCTIONS = frozenset({
     "abs", "avg", "coalesce", "count", "length", "nullif", "replace", "round", "sum",
     "substr", "trim", "ltrim", "rtrim", "exists", "cast",
-    # Tally's own, defined on both engines (storage.db registers them on SQLite
-    # connections, schema_postgres.sql creates them).
-    "tally_json_valid", "tally_text_as_integer", "tally_sent_octets", "tally_fold",
-    "tally_number",
 })
 # Functions the compiler respells for PostgreSQL (see _respell).
 RESPELLED = frozenset({"max", "min", "lower", "upper", "instr", "json_each"})
@@ -482,14 +478,56 @@ def by_dialect(*, sqlite: str, postgres: str) -> dict[str, Statement]:
             "postgres": _make(postgres, translate_native(postgres), ("postgres",), module)}
 
 
+EMPTY = Fragment("")
+
+
+def join(pieces) -> Fragment:
+    """Declared fragments one after the other."""
+    joined = EMPTY
+    for piece in pieces:
+        joined += piece
+    return joined
+
+
 def fragment(sql: str, probe: str) -> Fragment:
     """Declare a piece of dynamic statements, and a statement (`probe`, with `{}` where the
-    piece goes) that the suite prepares with it on both engines."""
+    piece goes) that the suite prepares with it on both engines. The piece may have
+    `{slot}`s of its own (filled by Fragment.format), left empty in the probe."""
     module = _caller_module()
-    whole = probe.replace("{}", sql)
+    whole = probe.replace("{}", sql.format_map(_Blank()))
     translate(whole)
     REGISTRY.append(Probe(whole, ENGINES, module, False))
     return Fragment(sql)
+
+
+class Template:
+    """A declared statement with named slots, filled with declared fragments only."""
+
+    def __init__(self, sql: str):
+        self.sql = sql
+
+    def fill(self, **parts: str) -> Statement:
+        for name, part in parts.items():
+            if not isinstance(part, Fragment):
+                raise TypeError(f"slot {name} takes a declared fragment: {part!r}")
+        return _composed(self.sql.format(**parts))
+
+
+class _Blank(dict):
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+def template(sql: str, *probes: dict[str, Fragment]) -> Template:
+    """Declare a dynamic statement whose `{slot}`s take declared fragments. The suite
+    prepares it once per probe, a probe's slots filled so and the others left empty (an
+    empty slot must leave a statement); no probe: every slot empty."""
+    module = _caller_module()
+    for probe in probes or ({},):
+        whole = sql.format_map(_Blank(probe))
+        translate(whole)
+        REGISTRY.append(Probe(whole, ENGINES, module, False))
+    return Template(sql)
 
 
 def compose(*pieces: str) -> Statement:
