@@ -13,8 +13,9 @@ from collections.abc import Iterable, Sequence
 
 import orjson
 
+from storage.dialect import dialect
 from storage.sparse import SparseInsert
-from storage.statements import statement
+from storage.statements import by_dialect, statement
 from vocabulary import UTM_KEYS
 
 _ALIAS = re.compile(r"[a-z][a-z0-9_]*")
@@ -53,6 +54,43 @@ _FIRST_CHANNELS = statement(
     + first_touch_join("owner")  # sql-safe: a fixed alias
     + " WHERE owner.site_id = ?"
 )
+
+
+# First touch, defined once: each customer's earliest session (by start, then id) of any
+# visitor linked to it now (customers.visitor_id, or customers.user_id -> $identify ->
+# visitor), NULL when there is none. The triggers of schema.sql and schema_postgres.sql keep
+# customer_first_touch equal to it, row by row (tests/test_first_touch.py checks both against
+# it after every kind of write). A visitor id is an integer stored as customer text: SQLite
+# compares them with the column's numeric affinity, PostgreSQL through
+# tally_text_as_integer, the same rule.
+_FIRST_TOUCHES = (
+    "SELECT c.site_id, c.customer_id, ("
+    " SELECT s.id FROM sessions s WHERE s.id IN ("
+    "  SELECT sv.session_id FROM session_visitors sv"
+    "   WHERE sv.site_id = c.site_id AND sv.visitor_id = {visitor_id}"
+    "  UNION ALL"
+    "  SELECT sv.session_id FROM visitor_identities vi CROSS JOIN session_visitors sv"
+    "   WHERE vi.site_id = c.site_id AND vi.uid = c.user_id"
+    "   AND sv.site_id = vi.site_id AND sv.visitor_id = vi.visitor_id)"
+    " ORDER BY s.started_at, s.id LIMIT 1)"
+    " FROM customers c ORDER BY c.site_id, c.customer_id"
+)
+FIRST_TOUCHES = by_dialect(
+    sqlite=_FIRST_TOUCHES.format(visitor_id="c.visitor_id"),
+    postgres=_FIRST_TOUCHES.format(visitor_id="tally_text_as_integer(c.visitor_id)"))
+_STORED_FIRST_TOUCHES = statement(
+    "SELECT site_id, customer_id, session_id FROM customer_first_touch"
+    " ORDER BY site_id, customer_id")
+
+
+def defined_first_touches(conn: sqlite3.Connection) -> list[tuple]:
+    """(site id, customer id, session id or None) of every customer, by the definition."""
+    return [tuple(row) for row in conn.execute(FIRST_TOUCHES[dialect(conn)])]
+
+
+def stored_first_touches(conn: sqlite3.Connection) -> list[tuple]:
+    """customer_first_touch's rows, as the triggers keep them."""
+    return [tuple(row) for row in conn.execute(_STORED_FIRST_TOUCHES)]
 
 
 def first_session(conn: sqlite3.Connection, site_id: int, customer_id: str) -> tuple | None:
