@@ -80,10 +80,7 @@ def _short(sql: str) -> str:
 # --- what the compiler knows ---------------------------------------------------------------
 
 # Functions both engines have with the same meaning on the values storage gives them.
-SHARED_FUNCTIONS = frozenset({
-    "abs", "avg", "coalesce", "count", "length", "nullif", "replace", "round", "sum",
-    "substr", "trim", "ltrim", "rtrim", "exists", "cast",
-})
+SHARED_FUNCTIONS = frozenset({"cast", "coalesce", "count", "exists", "nullif", "sum"})
 # Functions the compiler respells for PostgreSQL (see _respell).
 RESPELLED = frozenset({"max", "min", "lower", "upper", "instr", "json_each"})
 

@@ -1,5 +1,5 @@
 """SQL spelled once for both backends gives the same values on both: PostgreSQL's
-respellings in storage.postgres.translate and the fragments of storage.dialect."""
+respellings in storage.statements.translate and the fragments of storage.dialect."""
 
 from __future__ import annotations
 
