@@ -26,26 +26,26 @@ _CREATE_ACCOUNT = statement(
 _LIST_ACCOUNTS = statement("SELECT public_id, name, plan FROM accounts ORDER BY id")
 _GET_ACCOUNT = statement("SELECT public_id, name, plan FROM accounts WHERE public_id = ?")
 _SET_PLAN = statement("UPDATE accounts SET plan = ? WHERE public_id = ?")
-_CREATE_SITE_SELECT_ACCOUNTS = statement("SELECT id FROM accounts WHERE public_id = ?")
-_CREATE_SITE_INSERT_SITES = statement(
+_ACCOUNT_ID = statement("SELECT id FROM accounts WHERE public_id = ?")
+_INSERT_SITE = statement(
     "INSERT INTO sites (public_id, account_id, created_at) VALUES (?, ?, ?) RETURNING id")
-_CREATE_SITE_INSERT_SITE_HOSTS = statement("INSERT INTO site_hosts (site_id, host) VALUES (?, ?)")
+_INSERT_SITE_HOST = statement("INSERT INTO site_hosts (site_id, host) VALUES (?, ?)")
 _LIST_SITES = statement(
     "SELECT s.id, s.public_id, a.public_id FROM sites s JOIN accounts a ON a.id = s.account_id"
     " WHERE ? IS NULL OR a.public_id = ? ORDER BY s.id")
 _FIND_SITE = statement(
     "SELECT s.id, s.public_id, a.id, a.public_id, a.plan"
     " FROM sites s JOIN accounts a ON a.id = s.account_id WHERE s.public_id = ?")
-_CREATE_KEY_SELECT_SITES = statement("SELECT id FROM sites WHERE public_id = ?")
-_CREATE_KEY_INSERT_API_KEYS = statement(
+_SITE_ID = statement("SELECT id FROM sites WHERE public_id = ?")
+_INSERT_KEY = statement(
     "INSERT INTO api_keys (public_id, site_id, secret_hash, prefix, scopes, created_at)"
     " VALUES (?, ?, ?, ?, ?, ?)")
 _LIST_KEYS = statement(
     "SELECT k.public_id, s.public_id, k.prefix, k.scopes, k.created_at, k.revoked_at"
     " FROM api_keys k JOIN sites s ON s.id = k.site_id"
     " WHERE ? IS NULL OR s.public_id = ? ORDER BY k.id")
-_REVOKE_KEY_SELECT_API_KEYS = statement("SELECT revoked_at FROM api_keys WHERE public_id = ?")
-_REVOKE_KEY_UPDATE_API_KEYS = statement("UPDATE api_keys SET revoked_at = ? WHERE public_id = ?")
+_KEY_REVOKED_AT = statement("SELECT revoked_at FROM api_keys WHERE public_id = ?")
+_REVOKE_KEY = statement("UPDATE api_keys SET revoked_at = ? WHERE public_id = ?")
 _FIND_KEY = statement(
     "SELECT k.public_id, k.site_id, s.public_id, k.scopes, k.revoked_at, k.secret_hash"
     " FROM api_keys k JOIN sites s ON s.id = k.site_id WHERE k.secret_hash = ?")
@@ -155,16 +155,16 @@ class Directory:
         public_id = self._new_id("site_")
         with self.db.transaction() as conn:
             row = conn.execute(
-                _CREATE_SITE_SELECT_ACCOUNTS, (account_id,)
+                _ACCOUNT_ID, (account_id,)
             ).fetchone()
             if row is None:
                 raise NotFound(f"no account {account_id}")
             site_id = conn.execute(
-                _CREATE_SITE_INSERT_SITES,
+                _INSERT_SITE,
                 (public_id, row[0], self._now_ms()),
             ).fetchone()[0]
             conn.executemany(
-                _CREATE_SITE_INSERT_SITE_HOSTS,
+                _INSERT_SITE_HOST,
                 [(site_id, host) for host in normalized],
             )
         return {"id": public_id, "account": account_id, "hosts": normalized}
@@ -208,11 +208,11 @@ class Directory:
         secret = KEY_PREFIX + base64.urlsafe_b64encode(self.random_bytes(32)).decode().rstrip("=")
         public_id = self._new_id("key_")
         with self.db.transaction() as conn:
-            row = conn.execute(_CREATE_KEY_SELECT_SITES, (site_id,)).fetchone()
+            row = conn.execute(_SITE_ID, (site_id,)).fetchone()
             if row is None:
                 raise NotFound(f"no site {site_id}")
             conn.execute(
-                _CREATE_KEY_INSERT_API_KEYS,
+                _INSERT_KEY,
                 (public_id, row[0], hash_secret(secret), secret[:8], ",".join(chosen), self._now_ms()),
             )
         return {"id": public_id, "key": secret, "site": site_id, "scopes": chosen}
@@ -239,13 +239,13 @@ class Directory:
     def revoke_key(self, key_id: str) -> dict:
         with self.db.transaction() as conn:
             row = conn.execute(
-                _REVOKE_KEY_SELECT_API_KEYS, (key_id,)
+                _KEY_REVOKED_AT, (key_id,)
             ).fetchone()
             if row is None:
                 raise NotFound(f"no key {key_id}")
             if row[0] is None:
                 conn.execute(
-                    _REVOKE_KEY_UPDATE_API_KEYS,
+                    _REVOKE_KEY,
                     (self._now_ms(), key_id),
                 )
         return {"id": key_id, "revoked": True}

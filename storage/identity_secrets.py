@@ -16,9 +16,9 @@ SECRET_PREFIX = "tis_"
 SECRET_BYTES = 32
 
 
-_REPLACE_SECRET_SELECT_SITE_IDENTITY_SECRETS = statement(
+_SITE_HAS_SECRET = statement(
     "SELECT 1 FROM site_identity_secrets WHERE site_id = ?")
-_REPLACE_SECRET_INSERT_SITE_IDENTITY_SECRETS = statement(
+_UPSERT_SECRET = statement(
     "INSERT INTO site_identity_secrets (site_id, secret, created_at) VALUES (?, ?, ?)"
     " ON CONFLICT (site_id) DO UPDATE SET secret = excluded.secret,"
     " created_at = excluded.created_at")
@@ -34,10 +34,10 @@ def new_secret(random_bytes: Callable[[int], bytes]) -> str:
 def replace_secret(db: Database, site_id: int, secret: str, now_ms: int) -> bool:
     """Store the site's secret, replacing any; True when one was replaced."""
     with db.transaction() as conn:
-        before = conn.execute(_REPLACE_SECRET_SELECT_SITE_IDENTITY_SECRETS,
+        before = conn.execute(_SITE_HAS_SECRET,
                               (site_id,)).fetchone()
         conn.execute(
-            _REPLACE_SECRET_INSERT_SITE_IDENTITY_SECRETS, (site_id, secret, now_ms))
+            _UPSERT_SECRET, (site_id, secret, now_ms))
     return before is not None
 
 

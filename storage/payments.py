@@ -75,12 +75,12 @@ _UPSERT_SUBSCRIPTION = statement(
 )
 
 
-_REPLACE_OBSERVATION_SELECT_SUBSCRIPTION_OBSERVATIONS = statement(
+_SUBSCRIPTION_OF_PAYMENT = statement(
     "SELECT subscription_id FROM subscription_observations"
     " WHERE site_id = ? AND payment_id = ?")
-_REPLACE_OBSERVATION_DELETE_SUBSCRIPTION_OBSERVATIONS = statement(
+_DELETE_OBSERVATION_OF_PAYMENT = statement(
     "DELETE FROM subscription_observations WHERE site_id = ? AND payment_id = ?")
-_REFRESH_SUBSCRIPTION = statement(
+_DELETE_SUBSCRIPTION = statement(
     "DELETE FROM subscriptions WHERE site_id = ? AND subscription_id = ?")
 
 
@@ -127,11 +127,11 @@ class PaymentStore:
         Returns the subscriptions whose latest state may have changed.
         """
         previous = conn.execute(
-            _REPLACE_OBSERVATION_SELECT_SUBSCRIPTION_OBSERVATIONS,
+            _SUBSCRIPTION_OF_PAYMENT,
             (site_id, payment.payment_id),
         ).fetchone()
         conn.execute(
-            _REPLACE_OBSERVATION_DELETE_SUBSCRIPTION_OBSERVATIONS,
+            _DELETE_OBSERVATION_OF_PAYMENT,
             (site_id, payment.payment_id),
         )
         touched = {previous[0]} if previous else set()
@@ -169,7 +169,7 @@ def refresh_subscription(conn: sqlite3.Connection, site_id: int, subscription_id
     latest = conn.execute(_LATEST_OBSERVATION, (site_id, subscription_id)).fetchone()
     if latest is None:
         conn.execute(
-            _REFRESH_SUBSCRIPTION,
+            _DELETE_SUBSCRIPTION,
             (site_id, subscription_id),
         )
     else:

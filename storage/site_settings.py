@@ -7,8 +7,8 @@ from storage.directory import InvalidArgument, normalize_host
 from storage.statements import statement
 
 _ADD_HOST = statement("INSERT OR IGNORE INTO site_hosts (site_id, host) VALUES (?, ?)")
-_REMOVE_HOST_SELECT_SITE_HOSTS = statement("SELECT host FROM site_hosts WHERE site_id = ?")
-_REMOVE_HOST_DELETE_SITE_HOSTS = statement("DELETE FROM site_hosts WHERE site_id = ? AND host = ?")
+_HOSTS_OF_SITE = statement("SELECT host FROM site_hosts WHERE site_id = ?")
+_DELETE_HOST = statement("DELETE FROM site_hosts WHERE site_id = ? AND host = ?")
 _LAST_EVENT = statement(
     "SELECT ts, name, url FROM events WHERE site_id = ? ORDER BY ts DESC, id DESC LIMIT 1")
 
@@ -27,10 +27,10 @@ class SiteSettings:
     def remove_host(self, site_id: int, host: str) -> None:
         with self.db.transaction() as conn:
             hosts = [r[0] for r in conn.execute(
-                _REMOVE_HOST_SELECT_SITE_HOSTS, (site_id,))]
+                _HOSTS_OF_SITE, (site_id,))]
             if host in hosts and len(hosts) == 1:
                 raise InvalidArgument("a site needs at least one hostname: add another first")
-            conn.execute(_REMOVE_HOST_DELETE_SITE_HOSTS,
+            conn.execute(_DELETE_HOST,
                          (site_id, host))
 
     def last_event(self, site_id: int) -> tuple[int, str, str] | None:

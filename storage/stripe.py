@@ -58,15 +58,16 @@ _SET_SECRET = statement(
     " fingerprint = excluded.fingerprint, created_at = excluded.created_at")
 _REMOVE_SECRET = statement("DELETE FROM stripe_webhook_secrets WHERE site_id = ?")
 _SECRET = statement("SELECT secret FROM stripe_webhook_secrets WHERE site_id = ?")
-_APPLY_SELECT_STRIPE_EVENTS = statement(
+_EVENT_SEEN = statement(
     "SELECT 1 FROM stripe_events WHERE site_id = ? AND event_id = ?")
-_APPLY_INSERT_STRIPE_EVENTS = statement(
+_INSERT_EVENT = statement(
     "INSERT INTO stripe_events (site_id, event_id, type, created, received_at)"
     " VALUES (?, ?, ?, ?, ?)")
-_APPLY_WRITE = statement("SELECT customer_id FROM payments WHERE site_id = ? AND payment_id = ?")
-_NEWEST_SELECT_STRIPE_OBJECTS = statement(
+_PAYMENT_CUSTOMER = statement(
+    "SELECT customer_id FROM payments WHERE site_id = ? AND payment_id = ?")
+_OBJECT_RANK = statement(
     "SELECT rank, created FROM stripe_objects WHERE site_id = ? AND object_id = ?")
-_NEWEST_INSERT_STRIPE_OBJECTS = statement(
+_UPSERT_OBJECT_RANK = statement(
     "INSERT INTO stripe_objects (site_id, object_id, rank, created) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (site_id, object_id) DO UPDATE SET rank = excluded.rank,"
     " created = excluded.created")
@@ -108,14 +109,14 @@ class StripeStore:
         """Apply the event's writes; False (and nothing written) when it was applied before."""
         now_ms = int(self.clock() * 1000)
         with self.db.transaction() as conn:
-            seen = conn.execute(_APPLY_SELECT_STRIPE_EVENTS,
+            seen = conn.execute(_EVENT_SEEN,
                                 (site_id, mapped.event_id)).fetchone()
             if seen:
                 return False
             for write in mapped.writes:
                 _apply_write(conn, site_id, mapped.event_id, write, now_ms)
             conn.execute(
-                _APPLY_INSERT_STRIPE_EVENTS,
+                _INSERT_EVENT,
                 (site_id, mapped.event_id, mapped.type, mapped.created, now_ms),
             )
         return True
@@ -129,7 +130,7 @@ def _apply_write(conn: sqlite3.Connection, site_id: int, event_id: str, write,
         payment = write.payment
         if write.charge_id:
             owner = conn.execute(
-                _APPLY_WRITE,
+                _PAYMENT_CUSTOMER,
                 (site_id, write.charge_id)).fetchone()
             if owner and owner[0] != payment.customer.id:
                 payment = dataclasses.replace(payment, customer=Customer(id=owner[0]))
@@ -160,12 +161,12 @@ def _apply_write(conn: sqlite3.Connection, site_id: int, event_id: str, write,
 def _newest(conn: sqlite3.Connection, site_id: int, version: Version) -> bool:
     """Whether this version of the object is at least as new as any applied; if so it is
     recorded as the newest."""
-    row = conn.execute(_NEWEST_SELECT_STRIPE_OBJECTS,
+    row = conn.execute(_OBJECT_RANK,
                        (site_id, version.object_id)).fetchone()
     if row is not None and tuple(row) > (version.rank, version.created):
         return False
     conn.execute(
-        _NEWEST_INSERT_STRIPE_OBJECTS,
+        _UPSERT_OBJECT_RANK,
         (site_id, version.object_id, version.rank, version.created),
     )
     return True

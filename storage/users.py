@@ -20,63 +20,63 @@ from storage.statements import statement
 _EMAIL = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
 
 
-_CREATE_USER_SELECT_USERS = statement("SELECT 1 FROM users WHERE email = ?")
-_CREATE_USER_SELECT_ACCOUNTS = statement("SELECT id FROM accounts WHERE public_id = ?")
-_CREATE_USER_INSERT_USERS = statement(
+_USER_WITH_EMAIL = statement("SELECT 1 FROM users WHERE email = ?")
+_ACCOUNT_ID = statement("SELECT id FROM accounts WHERE public_id = ?")
+_INSERT_USER = statement(
     "INSERT INTO users (public_id, email, password_hash, created_at)"
     " VALUES (?, ?, ?, ?) RETURNING id")
-_CREATE_USER_INSERT_USER_ACCOUNTS = statement(
+_INSERT_USER_ACCOUNT = statement(
     "INSERT INTO user_accounts (user_id, account_id) VALUES (?, ?)")
-_LIST_USERS_SELECT_USERS = statement(
+_USERS = statement(
     "SELECT id, public_id, email, created_at FROM users ORDER BY id")
-_LIST_USERS_SELECT_USER_ACCOUNTS = statement(
+_USER_ACCOUNT_IDS = statement(
     "SELECT a.public_id FROM user_accounts ua JOIN accounts a ON a.id = ua.account_id"
     " WHERE ua.user_id = ? ORDER BY a.public_id")
 _FIND_USER = statement(
     "SELECT id, public_id, email, password_hash FROM users"
     " WHERE email = ? OR public_id = ?")
-_DELETE_USER_DELETE_USER_SESSIONS = statement("DELETE FROM user_sessions WHERE user_id = ?")
-_DELETE_USER_DELETE_SIGN_IN_ADDRESSES = statement("DELETE FROM sign_in_addresses WHERE user_id = ?")
-_DELETE_USER_DELETE_USER_ACCOUNTS = statement("DELETE FROM user_accounts WHERE user_id = ?")
-_DELETE_USER_DELETE_USERS = statement("DELETE FROM users WHERE id = ?")
-_SET_PASSWORD_HASH_UPDATE_USERS = statement("UPDATE users SET password_hash = ? WHERE id = ?")
+_DELETE_SESSIONS_OF_USER = statement("DELETE FROM user_sessions WHERE user_id = ?")
+_DELETE_ADDRESSES_OF_USER = statement("DELETE FROM sign_in_addresses WHERE user_id = ?")
+_DELETE_ACCOUNTS_OF_USER = statement("DELETE FROM user_accounts WHERE user_id = ?")
+_DELETE_USER = statement("DELETE FROM users WHERE id = ?")
+_SET_PASSWORD_HASH = statement("UPDATE users SET password_hash = ? WHERE id = ?")
 _REPLACE_HASH = statement("UPDATE users SET password_hash = ? WHERE id = ? AND password_hash = ?")
-_START_SESSION_DELETE_USER_SESSIONS = statement("DELETE FROM user_sessions WHERE expires_at <= ?")
-_START_SESSION_INSERT_USER_SESSIONS = statement(
+_DELETE_EXPIRED_SESSIONS = statement("DELETE FROM user_sessions WHERE expires_at <= ?")
+_INSERT_SESSION = statement(
     "INSERT INTO user_sessions (id_hash, user_id, csrf_token, created_at, expires_at)"
     " VALUES (?, ?, ?, ?, ?)")
-_FIND_SESSION_SELECT_USER_SESSIONS = statement(
+_LIVE_SESSION = statement(
     "SELECT s.user_id, u.email, s.csrf_token, s.expires_at FROM user_sessions s"
     " JOIN users u ON u.id = s.user_id WHERE s.id_hash = ? AND s.expires_at > ?")
-_FIND_SESSION_SELECT_USER_ACCOUNTS = statement(
+_ACCOUNTS_OF_USER = statement(
     "SELECT account_id FROM user_accounts WHERE user_id = ?")
 _END_SESSION = statement("DELETE FROM user_sessions WHERE id_hash = ?")
-_SITES_OF_SELECT_SITES = statement(
+_SITES_OF_ACCOUNTS = statement(
     "SELECT s.id, s.public_id, a.public_id, a.name FROM sites s"
     " JOIN accounts a ON a.id = s.account_id"
     " WHERE s.account_id IN (SELECT value FROM json_each(?)) ORDER BY s.id")
-_SITES_OF_SELECT_SITE_HOSTS = statement(
+_HOSTS_OF_SITE = statement(
     "SELECT host FROM site_hosts WHERE site_id = ? ORDER BY host")
-_RECORD_FAILURE_INSERT_LOGIN_FAILURES = statement(
+_INSERT_FAILURE = statement(
     "INSERT INTO login_failures (email, client_ip, at_ms) VALUES (?, ?, ?)")
-_RECORD_FAILURE_DELETE_LOGIN_FAILURES = statement("DELETE FROM login_failures WHERE at_ms < ?")
-_FAILURES_SINCE_SELECT_LOGIN_FAILURES = statement(
+_DELETE_OLD_FAILURES = statement("DELETE FROM login_failures WHERE at_ms < ?")
+_FAILURES_OF_PAIR = statement(
     "SELECT count(*), min(at_ms) FROM login_failures"
     " WHERE email = ? AND client_ip = ? AND at_ms >= ?")
-_FAILURES_SINCE_SELECT_LOGIN_FAILURES_2 = statement(
+_FAILURES_FROM_ADDRESS = statement(
     "SELECT count(*), min(at_ms) FROM login_failures WHERE client_ip = ? AND at_ms >= ?")
-_FAILURES_SINCE_SELECT_LOGIN_FAILURES_3 = statement(
+_FAILURES_OF_EMAIL = statement(
     "SELECT count(*), min(at_ms) FROM login_failures WHERE email = ? AND at_ms >= ?")
 _CLEAR_FAILURES = statement("DELETE FROM login_failures WHERE email = ? AND client_ip = ?")
-_REMEMBER_ADDRESS_INSERT_SIGN_IN_ADDRESSES = statement(
+_UPSERT_ADDRESS = statement(
     "INSERT INTO sign_in_addresses (user_id, address, last_at) VALUES (?, ?, ?)"
     " ON CONFLICT (user_id, address) DO UPDATE SET last_at = excluded.last_at")
-_REMEMBER_ADDRESS_DELETE_SIGN_IN_ADDRESSES = statement(
+_DELETE_OLD_ADDRESSES = statement(
     "DELETE FROM sign_in_addresses WHERE user_id = ? AND last_at < ?")
 _KNOWN_ADDRESS = statement(
     "SELECT 1 FROM sign_in_addresses WHERE user_id = ? AND address = ? AND last_at >= ?")
-_SIGN_IN_KEY_SELECT_SIGN_IN_KEY = statement("SELECT key FROM sign_in_key WHERE id = 1")
-_SIGN_IN_KEY_INSERT_SIGN_IN_KEY = statement(
+_SIGN_IN_KEY = statement("SELECT key FROM sign_in_key WHERE id = 1")
+_INSERT_SIGN_IN_KEY = statement(
     "INSERT INTO sign_in_key (id, key, created_at) VALUES (1, ?, ?)"
     " ON CONFLICT (id) DO NOTHING")
 
@@ -134,29 +134,29 @@ class Users:
             raise InvalidArgument("give at least one --account")
         public_id = "user_" + base64.b32encode(self.random_bytes(10)).decode("ascii").lower()
         with self.db.transaction() as conn:
-            if conn.execute(_CREATE_USER_SELECT_USERS, (email,)).fetchone():
+            if conn.execute(_USER_WITH_EMAIL, (email,)).fetchone():
                 raise InvalidArgument(f"a user with email {email} exists")
             ids = []
             for account in accounts:
-                row = conn.execute(_CREATE_USER_SELECT_ACCOUNTS,
+                row = conn.execute(_ACCOUNT_ID,
                                    (account,)).fetchone()
                 if row is None:
                     raise NotFound(f"no account {account}")
                 ids.append(row[0])
             user_id = conn.execute(
-                _CREATE_USER_INSERT_USERS,
+                _INSERT_USER,
                 (public_id, email, password_hash, self._now_ms())).fetchone()[0]
-            conn.executemany(_CREATE_USER_INSERT_USER_ACCOUNTS,
+            conn.executemany(_INSERT_USER_ACCOUNT,
                              [(user_id, account_id) for account_id in ids])
         return {"id": public_id, "email": email, "accounts": accounts}
 
     def list_users(self) -> list[dict]:
         conn = self.db.conn()
-        users = conn.execute(_LIST_USERS_SELECT_USERS)
+        users = conn.execute(_USERS)
         result = []
         for user_id, public_id, email, created_at in users.fetchall():
             accounts = [r[0] for r in conn.execute(
-                _LIST_USERS_SELECT_USER_ACCOUNTS, (user_id,))]
+                _USER_ACCOUNT_IDS, (user_id,))]
             result.append({"id": public_id, "email": email, "accounts": accounts,
                            "created_at": _iso(created_at)})
         return result
@@ -177,19 +177,19 @@ class Users:
     def delete_user(self, email_or_id: str) -> dict:
         user = self._require(email_or_id)
         with self.db.transaction() as conn:
-            conn.execute(_DELETE_USER_DELETE_USER_SESSIONS, (user.id,))
-            conn.execute(_DELETE_USER_DELETE_SIGN_IN_ADDRESSES, (user.id,))
-            conn.execute(_DELETE_USER_DELETE_USER_ACCOUNTS, (user.id,))
-            conn.execute(_DELETE_USER_DELETE_USERS, (user.id,))
+            conn.execute(_DELETE_SESSIONS_OF_USER, (user.id,))
+            conn.execute(_DELETE_ADDRESSES_OF_USER, (user.id,))
+            conn.execute(_DELETE_ACCOUNTS_OF_USER, (user.id,))
+            conn.execute(_DELETE_USER, (user.id,))
         return {"id": user.public_id, "email": user.email, "deleted": True}
 
     def set_password_hash(self, email_or_id: str, password_hash: str) -> dict:
         """A new password ends every session the user had."""
         user = self._require(email_or_id)
         with self.db.transaction() as conn:
-            conn.execute(_SET_PASSWORD_HASH_UPDATE_USERS,
+            conn.execute(_SET_PASSWORD_HASH,
                          (password_hash, user.id))
-            ended = conn.execute(_DELETE_USER_DELETE_USER_SESSIONS,
+            ended = conn.execute(_DELETE_SESSIONS_OF_USER,
                                  (user.id,)).rowcount
         return {"id": user.public_id, "email": user.email, "sessions_ended": ended}
 
@@ -204,20 +204,20 @@ class Users:
                       lifetime_ms: int) -> int:
         now = self._now_ms()
         with self.db.transaction() as conn:
-            conn.execute(_START_SESSION_DELETE_USER_SESSIONS, (now,))
+            conn.execute(_DELETE_EXPIRED_SESSIONS, (now,))
             conn.execute(
-                _START_SESSION_INSERT_USER_SESSIONS, (id_hash, user_id, csrf_token, now, now + lifetime_ms))
+                _INSERT_SESSION, (id_hash, user_id, csrf_token, now, now + lifetime_ms))
         return now + lifetime_ms
 
     def find_session(self, id_hash: bytes) -> SignedIn | None:
         conn = self.db.conn()
         row = conn.execute(
-            _FIND_SESSION_SELECT_USER_SESSIONS,
+            _LIVE_SESSION,
             (id_hash, self._now_ms())).fetchone()
         if row is None:
             return None
         accounts = frozenset(r[0] for r in conn.execute(
-            _FIND_SESSION_SELECT_USER_ACCOUNTS, (row[0],)))
+            _ACCOUNTS_OF_USER, (row[0],)))
         return SignedIn(row[0], row[1], accounts, row[2], row[3])
 
     def end_session(self, id_hash: bytes) -> None:
@@ -229,11 +229,11 @@ class Users:
         conn = self.db.conn()
         wanted = sorted(set(account_ids))
         rows = conn.execute(
-            _SITES_OF_SELECT_SITES,
+            _SITES_OF_ACCOUNTS,
             (_json_list(wanted),)).fetchall()
         return [{"row_id": site_id, "id": public_id, "account": account, "account_name": name,
                  "hosts": [r[0] for r in conn.execute(
-                     _SITES_OF_SELECT_SITE_HOSTS, (site_id,))]}
+                     _HOSTS_OF_SITE, (site_id,))]}
                 for site_id, public_id, account, name in rows]
 
     # failed sign-ins ---------------------------------------------------------
@@ -241,23 +241,23 @@ class Users:
         """address: the client's address block (api.client_ip.address_block)."""
         now = self._now_ms()
         with self.db.transaction() as conn:
-            conn.execute(_RECORD_FAILURE_INSERT_LOGIN_FAILURES,
+            conn.execute(_INSERT_FAILURE,
                          (email, address, now))
             # Rows older than a day tell nothing any more.
-            conn.execute(_RECORD_FAILURE_DELETE_LOGIN_FAILURES, (now - 86_400_000,))
+            conn.execute(_DELETE_OLD_FAILURES, (now - 86_400_000,))
 
     def failures_since(self, email: str, address: str, since_ms: int) -> Failures:
         """Failed sign-ins since then: for the email from the address, from the address
         (any email), for the email (any address); each with its earliest time."""
         conn = self.db.conn()
         pair = conn.execute(
-            _FAILURES_SINCE_SELECT_LOGIN_FAILURES,
+            _FAILURES_OF_PAIR,
             (email, address, since_ms)).fetchone()
         by_address = conn.execute(
-            _FAILURES_SINCE_SELECT_LOGIN_FAILURES_2,
+            _FAILURES_FROM_ADDRESS,
             (address, since_ms)).fetchone()
         by_email = conn.execute(
-            _FAILURES_SINCE_SELECT_LOGIN_FAILURES_3,
+            _FAILURES_OF_EMAIL,
             (email, since_ms)).fetchone()
         return Failures(tuple(pair), tuple(by_address), tuple(by_email))
 
@@ -273,9 +273,9 @@ class Users:
         now = self._now_ms()
         with self.db.transaction() as conn:
             conn.execute(
-                _REMEMBER_ADDRESS_INSERT_SIGN_IN_ADDRESSES,
+                _UPSERT_ADDRESS,
                 (user_id, address, now))
-            conn.execute(_REMEMBER_ADDRESS_DELETE_SIGN_IN_ADDRESSES,
+            conn.execute(_DELETE_OLD_ADDRESSES,
                          (user_id, forget_before_ms))
 
     def known_address(self, user_id: int, address: str, since_ms: int) -> bool:
@@ -287,12 +287,12 @@ class Users:
         """The installation's key for sign-in CSRF tokens, made on first use (the first
         writer wins)."""
         conn = self.db.conn()
-        row = conn.execute(_SIGN_IN_KEY_SELECT_SIGN_IN_KEY).fetchone()
+        row = conn.execute(_SIGN_IN_KEY).fetchone()
         if row is None:
             with self.db.transaction() as conn:
-                conn.execute(_SIGN_IN_KEY_INSERT_SIGN_IN_KEY,
+                conn.execute(_INSERT_SIGN_IN_KEY,
                              (self.random_bytes(32), self._now_ms()))
-            row = self.db.conn().execute(_SIGN_IN_KEY_SELECT_SIGN_IN_KEY).fetchone()
+            row = self.db.conn().execute(_SIGN_IN_KEY).fetchone()
         return bytes(row[0])
 
 
