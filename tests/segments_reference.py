@@ -9,7 +9,6 @@ stored values once, many buckets per statement) for any data and filters.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import NamedTuple
 
 import orjson
@@ -17,6 +16,7 @@ import orjson
 from reports.segments.filters import Filter, Goal, contains, prop_equal
 from reports.segments.queries import SegmentCount, SegmentTotals
 from reports.shared.params import DAY_MS
+from storage.connection import Connection
 
 SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source", "medium": "s.utm_medium",
                    "campaign": "s.utm_campaign", "entry_page": "s.entry_path"}
@@ -141,7 +141,7 @@ class Segment:
     def _goal_params(self, site_id: int, t0: int, t1: int) -> tuple:
         return (site_id, t0, t1 + DAY_MS, self.goal.name) if self.goal else ()
 
-    def totals(self, conn: sqlite3.Connection, site_id: int, t0: int, t1: int) -> SegmentTotals:
+    def totals(self, conn: Connection, site_id: int, t0: int, t1: int) -> SegmentTotals:
         # With session filters only, the segment's events are its sessions' (the counts each
         # session keeps): one read of the sessions instead of a join per event.
         by_sessions = self.needs_session_join and not self.event_where.sql
@@ -169,7 +169,7 @@ class Segment:
         return SegmentTotals(visitors, pageviews, sessions, events, bounces, duration,
                              conversions, goal_events)
 
-    def values(self, conn: sqlite3.Connection, site_id: int, t0: int, t1: int,
+    def values(self, conn: Connection, site_id: int, t0: int, t1: int,
                by: str) -> list[SegmentCount]:
         if by in BREAKDOWN_SESSION_COLUMNS:
             column = BREAKDOWN_SESSION_COLUMNS[by]

@@ -4,11 +4,11 @@ traffic_day_values and read back (reports.days.traffic_days decides which days).
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable
 
 from reports.traffic.figures import BreakdownCount, SessionTotals
 from storage import db as storage_db
+from storage.connection import Connection
 from storage.statements import statement
 from vocabulary import DAY_MS
 
@@ -99,53 +99,53 @@ _STORE_VALUE = statement(
 )
 
 
-def live_totals(conn: sqlite3.Connection, site_id: int, day: int) -> SessionTotals:
+def live_totals(conn: Connection, site_id: int, day: int) -> SessionTotals:
     bounds = (site_id, day * DAY_MS, (day + 1) * DAY_MS)
     pageviews, events = conn.execute(_EVENT_TOTALS, bounds).fetchone()
     visitors, sessions, bounces, duration_ms = conn.execute(_SESSION_TOTALS, bounds).fetchone()
     return SessionTotals(visitors, pageviews, sessions, events, bounces, duration_ms)
 
 
-def live_values(conn: sqlite3.Connection, site_id: int, day: int, by: str) -> list[BreakdownCount]:
+def live_values(conn: Connection, site_id: int, day: int, by: str) -> list[BreakdownCount]:
     rows = conn.execute(VALUES_SQL[by], (site_id, day * DAY_MS, (day + 1) * DAY_MS))
     return [BreakdownCount(value, visitors, pageviews or 0, events or 0)
             for value, visitors, pageviews, events in rows]
 
 
-def site_life(conn: sqlite3.Connection, site_id: int) -> tuple[int | None, int | None, int | None]:
+def site_life(conn: Connection, site_id: int) -> tuple[int | None, int | None, int | None]:
     """The site's creation, its first stored event and its first session (each None when
     there is none)."""
     return conn.execute(_SITE_LIFE, (site_id,)).fetchone()
 
 
-def session_open(conn: sqlite3.Connection, site_id: int, t0: int, t1: int,
+def session_open(conn: Connection, site_id: int, t0: int, t1: int,
                  seen_since: int) -> bool:
     """Whether a session started in [t0, t1) was seen at or after `seen_since`."""
     return conn.execute(_OPEN_SESSION, (site_id, t0, t1, seen_since)).fetchone() is not None
 
 
-def stored_totals(conn: sqlite3.Connection, site_id: int, first: int,
+def stored_totals(conn: Connection, site_id: int, first: int,
                   last: int) -> dict[int, SessionTotals]:
     return {row[0]: SessionTotals(*row[1:]) for row in conn.execute(
         _STORED_TOTALS, (site_id, first, last))}
 
 
-def store_totals(conn: sqlite3.Connection, site_id: int, day: int, totals: SessionTotals) -> None:
+def store_totals(conn: Connection, site_id: int, day: int, totals: SessionTotals) -> None:
     conn.execute(_STORE_TOTALS, (site_id, day, *totals))
 
 
-def stored_dimension_days(conn: sqlite3.Connection, site_id: int, by: str, first: int,
+def stored_dimension_days(conn: Connection, site_id: int, by: str, first: int,
                           last: int) -> set[int]:
     return {row[0] for row in conn.execute(_STORED_DIMENSION_DAYS, (site_id, by, first, last))}
 
 
-def stored_values(conn: sqlite3.Connection, site_id: int, by: str, first: int,
+def stored_values(conn: Connection, site_id: int, by: str, first: int,
                   last: int) -> list[BreakdownCount]:
     return [BreakdownCount(*row) for row in conn.execute(
         _STORED_VALUES, (site_id, by, first, last))]
 
 
-def store_values(conn: sqlite3.Connection, site_id: int, day: int, by: str,
+def store_values(conn: Connection, site_id: int, day: int, by: str,
                  counts: Iterable[BreakdownCount]) -> None:
     """A day's values of one dimension, unless another worker stored them first."""
     if conn.execute(_STORE_DIMENSION, (site_id, day, by)).rowcount:
@@ -153,5 +153,5 @@ def store_values(conn: sqlite3.Connection, site_id: int, day: int, by: str,
             (site_id, day, by, c.value, c.visitors, c.pageviews, c.events) for c in counts])
 
 
-def set_busy_timeout(conn: sqlite3.Connection, ms: int) -> None:
+def set_busy_timeout(conn: Connection, ms: int) -> None:
     storage_db.set_busy_timeout(conn, ms)

@@ -16,13 +16,13 @@ give the same figures.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from reports.days import queries
 from reports.shared.params import DateRange, day_start_ms
 from reports.traffic.figures import BreakdownCount, SessionTotals
+from storage.connection import Connection
 from storage.db import Database, StorageError
 from vocabulary import DAY_MS, TS_FUTURE_MS, TS_PAST_MS
 
@@ -124,7 +124,7 @@ class TrafficDays:
             stored_days = queries.stored_dimension_days(conn, self.site_id, by, first, last)
             stored = queries.stored_values(conn, self.site_id, by, first, last)
 
-        def store(conn: sqlite3.Connection, day: int, counts: list[BreakdownCount]) -> None:
+        def store(conn: Connection, day: int, counts: list[BreakdownCount]) -> None:
             queries.store_values(conn, self.site_id, day, by, counts)
 
         counted = self._count(
@@ -140,13 +140,13 @@ class TrafficDays:
             self.conn, self.site_id, day * DAY_MS, end, self.now_ms - OPEN_SESSION_MS)
 
     def _count(self, days: list[int], count: Callable[[int], object],
-               store: Callable[[sqlite3.Connection, int, object], None]) -> dict[int, object]:
+               store: Callable[[Connection, int, object], None]) -> dict[int, object]:
         """Count the days live, one at a time; see _count_runs."""
         return self._count_runs(
             days, lambda first, last: {day: count(day) for day in range(first, last + 1)}, store)
 
     def _count_runs(self, days: list[int], count: Callable[[int, int], dict[int, object]],
-                    store: Callable[[sqlite3.Connection, int, object], None]) -> dict[int, object]:
+                    store: Callable[[Connection, int, object], None]) -> dict[int, object]:
         """Count the days live, `count(first, last)` giving the days of a run of at most
         STORE_BATCH_DAYS consecutive ones; store the final ones after each run, so a long
         first count that is cut short (a read budget, a worker timeout) still leaves its
@@ -160,7 +160,7 @@ class TrafficDays:
         return counted
 
     def _store(self, final: list[int], counted: dict[int, object],
-               store: Callable[[sqlite3.Connection, int, object], None]) -> None:
+               store: Callable[[Connection, int, object], None]) -> None:
         """Store counted final days (another worker may have stored some already: those are
         left as they are). A busy database only defers it."""
         if not final or self._busy:

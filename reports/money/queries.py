@@ -9,7 +9,6 @@ customer read here.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Collection, Mapping
 from datetime import date
 from decimal import Decimal
@@ -27,6 +26,7 @@ from reports.money.mrr import (
 from reports.money.mrr_series import values_at_instants
 from reports.money.revenue import PaymentRow, RevenuePayment, revenue_by_currency
 from reports.shared.params import DateRange, end_of_day_ms
+from storage.connection import Connection
 from storage.dialect import dialect, integer_of_text
 from storage.sessions import first_touch_join
 from storage.statements import by_dialect, statement
@@ -113,7 +113,7 @@ def _decimal(text: str | None) -> Decimal | None:
     return None if text is None else Decimal(text)
 
 
-def revenue(conn: sqlite3.Connection, site_id: int, period: DateRange) -> dict:
+def revenue(conn: Connection, site_id: int, period: DateRange) -> dict:
     rows, channels = [], {}
     for customer, kind, currency, amount, fee, count, channel in conn.execute(
             _REVENUE_PAYMENTS, (site_id, period.start_ms, period.end_ms)):
@@ -127,7 +127,7 @@ def revenue(conn: sqlite3.Connection, site_id: int, period: DateRange) -> dict:
 class SqlSubscriptions:
     """A site's subscriptions read from SQLite (reports.money.mrr.SubscriptionSource)."""
 
-    def __init__(self, conn: sqlite3.Connection, site_id: int):
+    def __init__(self, conn: Connection, site_id: int):
         self.conn = conn
         self.site_id = site_id
         self.channels: dict[str, str] = {}  # customer -> first-touch channel, as states are read
@@ -188,13 +188,13 @@ class SqlSubscriptions:
         return result
 
 
-def mrr(conn: sqlite3.Connection, site_id: int, at: date) -> dict:
+def mrr(conn: Connection, site_id: int, at: date) -> dict:
     source = SqlSubscriptions(conn, site_id)
     source.states_at(end_of_day_ms(at))  # read now (kept), so the channels are known
     return {"at": at.isoformat(), "currencies": mrr_at(source, at, source.channels)}
 
 
-def movements(conn: sqlite3.Connection, site_id: int, period: DateRange) -> dict:
+def movements(conn: Connection, site_id: int, period: DateRange) -> dict:
     return {"from": period.start.isoformat(), "to": period.end.isoformat(),
             "currencies": mrr_movements(SqlSubscriptions(conn, site_id), period)}
 
@@ -249,7 +249,7 @@ _PLANS = statement(
 )
 
 
-def first_touches(conn: sqlite3.Connection, site_id: int) -> dict[str, dict]:
+def first_touches(conn: Connection, site_id: int) -> dict[str, dict]:
     """customer id -> its first touch (TOUCH_FIELDS); customers without one are absent."""
     touches = {}
     for customer, *values in conn.execute(_FIRST_TOUCHES, (site_id,)):
@@ -260,30 +260,30 @@ def first_touches(conn: sqlite3.Connection, site_id: int) -> dict[str, dict]:
     return touches
 
 
-def payments_by_bucket(conn: sqlite3.Connection, site_id: int, t0: int, t1: int,
+def payments_by_bucket(conn: Connection, site_id: int, t0: int, t1: int,
                        width: int) -> list[RevenuePayment]:
     return [RevenuePayment(customer, kind, currency, Decimal(amount), bucket * width, count)
             for customer, kind, currency, amount, bucket, count in conn.execute(
                 _PAYMENTS_BY_BUCKET, (site_id, t0, t1, width))]
 
 
-def first_charges(conn: sqlite3.Connection, site_id: int) -> dict[tuple[str, str], int]:
+def first_charges(conn: Connection, site_id: int) -> dict[tuple[str, str], int]:
     return {(customer, currency): at for customer, currency, at in conn.execute(
         _FIRST_CHARGES, (site_id,))}
 
 
-def paying_customers(conn: sqlite3.Connection, site_id: int, customers: list[str]) -> set[str]:
+def paying_customers(conn: Connection, site_id: int, customers: list[str]) -> set[str]:
     if not customers:
         return set()
     wanted = orjson.dumps(sorted(customers)).decode()
     return {row[0] for row in conn.execute(_PAYING, (site_id, wanted))}
 
 
-def plans(conn: sqlite3.Connection, site_id: int) -> dict[str, str | None]:
+def plans(conn: Connection, site_id: int) -> dict[str, str | None]:
     return {customer: plan for customer, plan in conn.execute(_PLANS, (site_id,))}
 
 
-def mrr_yearly_at(conn: sqlite3.Connection, site_id: int,
+def mrr_yearly_at(conn: Connection, site_id: int,
                   instants: list[int]) -> dict[int, dict[tuple[str, str], Decimal]]:
     """Each customer's yearly subscription value per currency at each instant."""
     if not instants:
@@ -291,7 +291,7 @@ def mrr_yearly_at(conn: sqlite3.Connection, site_id: int,
     return values_at_instants(SqlSubscriptions(conn, site_id), sorted(set(instants)))
 
 
-def revenue_rows(conn: sqlite3.Connection, site_id: int, t0: int, t1: int) -> list[PaymentRow]:
+def revenue_rows(conn: Connection, site_id: int, t0: int, t1: int) -> list[PaymentRow]:
     return [PaymentRow(customer, kind, "succeeded", currency, Decimal(amount),
                        None if fee is None else Decimal(fee), count)
             for customer, kind, currency, amount, fee, count in conn.execute(
@@ -322,7 +322,7 @@ _CONVERTED_CUSTOMERS = by_dialect(**{name: (
 ) for name in ("sqlite", "postgres")})
 
 
-def converted_customers(conn: sqlite3.Connection, site_id: int, t0: int,
+def converted_customers(conn: Connection, site_id: int, t0: int,
                         t1: int) -> dict[str, set[str]]:
     result: dict[str, set[str]] = {}
     for name, customer in conn.execute(_CONVERTED_CUSTOMERS[dialect(conn)],

@@ -23,7 +23,6 @@ rows x filters x values.
 
 from __future__ import annotations
 
-import sqlite3
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -31,6 +30,7 @@ import orjson
 
 from reports.segments.filters import Filter, Goal, contains, prop_equal
 from reports.shared.params import DAY_MS
+from storage.connection import Connection
 from storage.statements import EMPTY, Fragment, fragment, join, statement, template
 
 SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source", "medium": "s.utm_medium",
@@ -110,14 +110,14 @@ _STORED_VALUES_OF = {
 }
 
 
-def stored_values(conn: sqlite3.Connection, site_id: int, dimension: str, prop: str | None,
+def stored_values(conn: Connection, site_id: int, dimension: str, prop: str | None,
                   start: int, end: int) -> list[str]:
     """The values the dimension (or property `prop`) takes over [start, end), as the engine
     stores their text."""
     return [row[0] for row in _stored(conn, site_id, dimension, prop, start, end)]
 
 
-def _stored(conn: sqlite3.Connection, site_id: int, dimension: str, prop: str | None,
+def _stored(conn: Connection, site_id: int, dimension: str, prop: str | None,
             start: int, end: int) -> list[tuple]:
     span = (site_id, start, end)
     params = (*span, prop) if dimension == "prop" else span * (
@@ -125,7 +125,7 @@ def _stored(conn: sqlite3.Connection, site_id: int, dimension: str, prop: str | 
     return conn.execute(_STORED_VALUES_OF[dimension], params).fetchall()
 
 
-def matching_values(conn: sqlite3.Connection, site_id: int, dimension: str, prop: str | None,
+def matching_values(conn: Connection, site_id: int, dimension: str, prop: str | None,
                     value_lists: list[tuple[str, ...]], start: int, end: int) -> list[str]:
     """The values the dimension (or property `prop`) takes over [start, end) that contain,
     ignoring case (reports.segments.filters.contains), one value of each list: what the
@@ -134,7 +134,7 @@ def matching_values(conn: sqlite3.Connection, site_id: int, dimension: str, prop
                   if all(any(contains(value, v) for v in values) for values in value_lists))
 
 
-def resolve(conn: sqlite3.Connection, site_id: int, filters: tuple[Filter, ...],
+def resolve(conn: Connection, site_id: int, filters: tuple[Filter, ...],
             start: int, end: int) -> tuple[Filter, ...]:
     """The filters with the `~` filters of each dimension made one `==` filter listing the
     values stored over [start, end) that they all keep, and each property's `==` and `!=`
@@ -329,7 +329,7 @@ class Segment:
     def _goal_params(self, site_id: int, t0: int, t1: int) -> tuple:
         return (site_id, t0, t1 + DAY_MS, self.goal.name) if self.goal else ()
 
-    def bucket_totals(self, conn: sqlite3.Connection, site_id: int, start: int, end: int,
+    def bucket_totals(self, conn: Connection, site_id: int, start: int, end: int,
                       width: int) -> dict[int, SegmentTotals]:
         """The figures of each bucket [start + i * width, start + (i + 1) * width) of
         [start, end), by i (a bucket without sessions or events is left out): those of the
@@ -371,7 +371,7 @@ class Segment:
             totals[bucket] = SegmentTotals(0, pageviews, 0, events)
         return totals
 
-    def values(self, conn: sqlite3.Connection, site_id: int, t0: int, t1: int,
+    def values(self, conn: Connection, site_id: int, t0: int, t1: int,
                by: str) -> list[SegmentCount]:
         if by in BREAKDOWN_SESSION_COLUMNS:
             rows = conn.execute(
@@ -437,38 +437,38 @@ _STORE_VALUE = statement(
 )
 
 
-def register_segment(conn: sqlite3.Connection, site_id: int, key: str, now_ms: int,
+def register_segment(conn: Connection, site_id: int, key: str, now_ms: int,
                      most: int) -> bool:
     """Whether the segment is (now) one of the site's stored segments, at most `most` of them."""
     conn.execute(_REGISTER, (site_id, key, now_ms, most))
     return conn.execute(_REGISTERED, (site_id, key)).fetchone() is not None
 
 
-def stored_segment_totals(conn: sqlite3.Connection, site_id: int, key: str, first: int,
+def stored_segment_totals(conn: Connection, site_id: int, key: str, first: int,
                           last: int) -> dict[int, SegmentTotals]:
     return {row[0]: SegmentTotals(*row[1:]) for row in conn.execute(
         _STORED_TOTALS, (site_id, key, first, last))}
 
 
-def store_segment_totals(conn: sqlite3.Connection, site_id: int, key: str,
+def store_segment_totals(conn: Connection, site_id: int, key: str,
                          totals: dict[int, SegmentTotals]) -> None:
     conn.executemany(_STORE_TOTALS, [(site_id, key, day, *figures)
                                      for day, figures in totals.items()])
 
 
-def stored_segment_dimension_days(conn: sqlite3.Connection, site_id: int, key: str, by: str,
+def stored_segment_dimension_days(conn: Connection, site_id: int, key: str, by: str,
                                   first: int, last: int) -> set[int]:
     return {row[0] for row in conn.execute(
         _STORED_DIMENSION_DAYS, (site_id, key, by, first, last))}
 
 
-def stored_segment_values(conn: sqlite3.Connection, site_id: int, key: str, by: str,
+def stored_segment_values(conn: Connection, site_id: int, key: str, by: str,
                           first: int, last: int) -> list[SegmentCount]:
     return [SegmentCount(*row) for row in conn.execute(
         _STORED_VALUES, (site_id, key, by, first, last))]
 
 
-def store_segment_values(conn: sqlite3.Connection, site_id: int, key: str, by: str, day: int,
+def store_segment_values(conn: Connection, site_id: int, key: str, by: str, day: int,
                          counts: list[SegmentCount]) -> None:
     """A day's values of one dimension, unless another worker stored them first."""
     if conn.execute(_STORE_DIMENSION, (site_id, key, by, day)).rowcount:

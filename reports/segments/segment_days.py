@@ -11,7 +11,6 @@ the rest live and stores nothing.
 
 from __future__ import annotations
 
-import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
@@ -20,6 +19,7 @@ from reports.segments import queries
 from reports.segments.filters import Filter, Goal, segment_key
 from reports.segments.queries import Segment, SegmentCount, SegmentTotals, resolve
 from reports.shared.params import DAY_MS, DateRange
+from storage.connection import Connection
 from storage.db import Database
 
 MAX_STORED_SEGMENTS = 200
@@ -62,12 +62,12 @@ class SegmentDays(TrafficDays):
         return self._segment
 
     def _count_runs(self, days: list[int], count: Callable[[int, int], dict[int, object]],
-                    store: Callable[[sqlite3.Connection, int, object], None]) -> dict[int, object]:
+                    store: Callable[[Connection, int, object], None]) -> dict[int, object]:
         if days:  # match the `~` filters once, over all the days to count
             self.segment(min(days), max(days))
         return super()._count_runs(days, count, store)
 
-    def _registered(self, conn: sqlite3.Connection, key: str | None = None) -> bool:
+    def _registered(self, conn: Connection, key: str | None = None) -> bool:
         key = key or self.key
         return queries.register_segment(conn, self.site_id, key, self.now_ms,
                                         MAX_STORED_SEGMENTS)
@@ -95,7 +95,7 @@ class SegmentDays(TrafficDays):
             days = self._bucket_days(first, last, DAY_MS)
             return {day: days.get(day, self.empty) for day in range(first, last + 1)}
 
-        def store(conn: sqlite3.Connection, day: int, totals: SegmentTotals) -> None:
+        def store(conn: Connection, day: int, totals: SegmentTotals) -> None:
             if self._registered(conn):
                 queries.store_segment_totals(conn, self.site_id, self.key, {day: totals})
 
@@ -124,7 +124,7 @@ class SegmentDays(TrafficDays):
                           for hour in range(day * 24, day * 24 + 24)}
                     for day in range(first, last + 1)}
 
-        def store(conn: sqlite3.Connection, day: int, day_hours: dict[int, SegmentTotals]) -> None:
+        def store(conn: Connection, day: int, day_hours: dict[int, SegmentTotals]) -> None:
             if self._registered(conn, key):
                 queries.store_segment_totals(conn, self.site_id, key, day_hours)
 
@@ -150,7 +150,7 @@ class SegmentDays(TrafficDays):
                                         (day + 1) * DAY_MS, by)
                     for day in range(first, last + 1)}
 
-        def store(conn: sqlite3.Connection, day: int, counts: list[SegmentCount]) -> None:
+        def store(conn: Connection, day: int, counts: list[SegmentCount]) -> None:
             if self._registered(conn):
                 queries.store_segment_values(conn, self.site_id, self.key, by, day, counts)
 

@@ -3,8 +3,7 @@ minutes, counted live from events."""
 
 from __future__ import annotations
 
-import sqlite3
-
+from storage.connection import Connection
 from storage.statements import statement
 
 _REALTIME_VISITORS = statement(
@@ -26,7 +25,7 @@ _REALTIME_SOURCES = statement(
 )
 
 
-def realtime_counts(conn: sqlite3.Connection, site_id: int, visitors_since: int,
+def realtime_counts(conn: Connection, site_id: int, visitors_since: int,
                     since: int) -> tuple[int, dict[int, int], list, list]:
     visitors = conn.execute(_REALTIME_VISITORS, (site_id, visitors_since)).fetchone()[0]
     minutes = dict(conn.execute(_REALTIME_MINUTES, (site_id, since)).fetchall())
