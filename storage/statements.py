@@ -246,7 +246,8 @@ class _Compiler:
         i = self.sig[n]
         if word in ("NOT", "IN"):
             self._in_json_list(n)
-        elif word == "INSERT" and self.is_word(n + 1, "OR"):
+        elif (word == "INSERT" and self.is_word(n + 1, "OR") and self.is_word(n + 2, "IGNORE")
+              and self.is_word(n + 3, "INTO")):
             self.blank(n + 1, n + 2)  # OR IGNORE
             self.out[self.sig[n]] = "INSERT "
             self._on_conflict_do_nothing()

@@ -175,6 +175,11 @@ def test_insert_or_ignore_before_a_comment_keeps_its_conflict_clause():
     assert "INSERT OR" not in compiled.text
 
 
+def test_postgresql_text_keeps_insert_or_update_of_a_trigger():
+    text = "CREATE TRIGGER t BEFORE INSERT OR UPDATE ON events FOR EACH ROW EXECUTE FUNCTION f()"
+    assert translate_native(text).text == text
+
+
 def test_a_function_name_inside_a_literal_is_left_alone():
     compiled = translate("SELECT 'instr(' || instr(a, ?) FROM t")
     assert compiled.text == "SELECT 'instr(' || strpos(a, %s) FROM t"
