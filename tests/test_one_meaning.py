@@ -2,7 +2,8 @@
 first touch, on both engines. `~` ignores case as Python's str.lower() does, for every
 Unicode letter; a `prop:` comparison takes numbers by value. The Python reference is
 reports.segments.filters.touch_matches (what revenue by first touch decides with); traffic
-is reports.segments.queries on each engine."""
+is reports.segments.queries on each engine, and tests/segments_reference.py's statements
+(each rule decided over every stored value) give the same figures."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 from reports.segments.filters import Filter, contains, prop_equal, touch_matches
 from reports.segments.queries import Segment, SegmentTotals, resolve
 from storage.events import EventRow
+from tests.segments_reference import Segment as ReferenceSegment
+from tests.segments_reference import by_the_rules
 
 DAY_MS = 86_400_000
 FIRST_DAY = 20_717
@@ -38,8 +41,10 @@ def _pageviews(store, events: list[tuple], filters: tuple[Filter, ...]) -> int:
         tx.execute("DELETE FROM events")
         insert_events(tx, [e for e, _ in events], [s for _, s in events])
     segment = Segment(resolve(conn, SITE_ID, filters, START, END + DAY_MS), None)
-    return segment.bucket_totals(conn, SITE_ID, START, END, DAY_MS).get(
-        0, SegmentTotals()).pageviews
+    counted = segment.bucket_totals(conn, SITE_ID, START, END, DAY_MS).get(0, SegmentTotals())
+    reference = ReferenceSegment(by_the_rules(conn, SITE_ID, filters), None)
+    assert counted == reference.totals(conn, SITE_ID, START, END)
+    return counted.pageviews
 
 
 def _case_changed(text: str, how: int) -> str:
