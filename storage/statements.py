@@ -102,6 +102,10 @@ _REFUSED_WORDS = {
     "INDEXED": "INDEXED BY is SQLite's", "ATTACH": "ATTACH is SQLite's",
     "LIKE": "LIKE ignores ASCII case on SQLite only",
     "ILIKE": "ILIKE is PostgreSQL's",
+    "COLLATE": "collations differ between the engines",
+    "CURRENT_TIMESTAMP": "the engines spell the time differently; pass it as a parameter",
+    "CURRENT_DATE": "the engines spell the date differently; pass it as a parameter",
+    "CURRENT_TIME": "the engines spell the time differently; pass it as a parameter",
 }
 # Words after which a name is not a table alias.
 _RESERVED = frozenset({

@@ -199,6 +199,8 @@ def test_a_function_name_inside_a_literal_is_left_alone():
     "SELECT 'unterminated FROM t",
     "SELECT (a FROM t",
     "SELECT CAST(a AS BLOB) FROM t",
+    "SELECT a FROM t ORDER BY a COLLATE NOCASE",
+    "SELECT CURRENT_TIMESTAMP",
 ])
 def test_constructs_outside_the_closed_list_are_refused(sql):
     with pytest.raises(UnsupportedSQL):
