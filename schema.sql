@@ -475,9 +475,13 @@ CREATE TABLE IF NOT EXISTS users (
     created_at    INTEGER NOT NULL
 );
 
+-- role: what the user may do in the account (issue 30; version 19 added it, and every
+-- earlier member became an owner): owner (everything, and its people), admin (sites,
+-- hostnames, keys, shared links), viewer (dashboards only).
 CREATE TABLE IF NOT EXISTS user_accounts (
     user_id     INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
     account_id  INTEGER NOT NULL REFERENCES accounts (id),
+    role        TEXT    NOT NULL DEFAULT 'owner' CHECK (role IN ('owner', 'admin', 'viewer')),
     PRIMARY KEY (user_id, account_id)
 ) WITHOUT ROWID;
 
@@ -620,4 +624,29 @@ CREATE TABLE IF NOT EXISTS sign_in_addresses (
     PRIMARY KEY (user_id, address)
 ) WITHOUT ROWID;
 
-PRAGMA user_version = 16;
+-- First run and invitations (issue 30) ---------------------------------------------
+-- One-time links, stored as SHA-256 digests of their tokens. A setup link creates the
+-- first user of an installation that has none (all of them are deleted then); an
+-- invitation makes its taker a member of one account with a role.
+CREATE TABLE IF NOT EXISTS setup_tokens (
+    id          INTEGER PRIMARY KEY,
+    token_hash  BLOB    NOT NULL UNIQUE CHECK (length(token_hash) = 32),
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL CHECK (expires_at > created_at)
+);
+
+CREATE TABLE IF NOT EXISTS invitations (
+    id          INTEGER PRIMARY KEY,
+    public_id   TEXT    NOT NULL UNIQUE,
+    account_id  INTEGER NOT NULL REFERENCES accounts (id),
+    role        TEXT    NOT NULL CHECK (role IN ('owner', 'admin', 'viewer')),
+    token_hash  BLOB    NOT NULL UNIQUE CHECK (length(token_hash) = 32),
+    invited_by  INTEGER REFERENCES users (id) ON DELETE SET NULL,
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL CHECK (expires_at > created_at),
+    used_at     INTEGER,
+    revoked_at  INTEGER
+);
+CREATE INDEX IF NOT EXISTS invitations_account ON invitations (account_id);
+
+PRAGMA user_version = 19;

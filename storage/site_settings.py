@@ -13,6 +13,9 @@ _LAST_EVENT = statement(
     "SELECT ts, name, url FROM events WHERE site_id = ? ORDER BY ts DESC, id DESC LIMIT 1")
 
 
+_HAS_EVENTS = statement("SELECT 1 FROM events WHERE site_id = ? LIMIT 1")
+
+
 class SiteSettings:
     def __init__(self, db: Database):
         self.db = db
@@ -32,6 +35,11 @@ class SiteSettings:
                 raise InvalidArgument("a site needs at least one hostname: add another first")
             conn.execute(_DELETE_HOST,
                          (site_id, host))
+
+    def has_events(self, site_id: int) -> bool:
+        """Whether any event of the site is stored (the install check: one index probe)."""
+        return self.db.conn().execute(_HAS_EVENTS,
+                                      (site_id,)).fetchone() is not None
 
     def last_event(self, site_id: int) -> tuple[int, str, str] | None:
         """(unix ms, event name, URL) of the site's latest stored event (of those at the

@@ -25,13 +25,8 @@ _ACCOUNT_ID = statement("SELECT id FROM accounts WHERE public_id = ?")
 _INSERT_USER = statement(
     "INSERT INTO users (public_id, email, password_hash, created_at)"
     " VALUES (?, ?, ?, ?) RETURNING id")
-_INSERT_USER_ACCOUNT = statement(
-    "INSERT INTO user_accounts (user_id, account_id) VALUES (?, ?)")
 _USERS = statement(
     "SELECT id, public_id, email, created_at FROM users ORDER BY id")
-_USER_ACCOUNT_IDS = statement(
-    "SELECT a.public_id FROM user_accounts ua JOIN accounts a ON a.id = ua.account_id"
-    " WHERE ua.user_id = ? ORDER BY a.public_id")
 _FIND_USER = statement(
     "SELECT id, public_id, email, password_hash FROM users"
     " WHERE email = ? OR public_id = ?")
@@ -48,15 +43,7 @@ _INSERT_SESSION = statement(
 _LIVE_SESSION = statement(
     "SELECT s.user_id, u.email, s.csrf_token, s.expires_at FROM user_sessions s"
     " JOIN users u ON u.id = s.user_id WHERE s.id_hash = ? AND s.expires_at > ?")
-_ACCOUNTS_OF_USER = statement(
-    "SELECT account_id FROM user_accounts WHERE user_id = ?")
 _END_SESSION = statement("DELETE FROM user_sessions WHERE id_hash = ?")
-_SITES_OF_ACCOUNTS = statement(
-    "SELECT s.id, s.public_id, a.public_id, a.name FROM sites s"
-    " JOIN accounts a ON a.id = s.account_id"
-    " WHERE s.account_id IN (SELECT value FROM json_each(?)) ORDER BY s.id")
-_HOSTS_OF_SITE = statement(
-    "SELECT host FROM site_hosts WHERE site_id = ? ORDER BY host")
 _INSERT_FAILURE = statement(
     "INSERT INTO login_failures (email, client_ip, at_ms) VALUES (?, ?, ?)")
 _DELETE_OLD_FAILURES = statement("DELETE FROM login_failures WHERE at_ms < ?")
@@ -81,6 +68,25 @@ _INSERT_SIGN_IN_KEY = statement(
     " ON CONFLICT (id) DO NOTHING")
 
 
+_INSERT_USER_ACCOUNT = statement(
+    "INSERT INTO user_accounts (user_id, account_id, role) VALUES (?, ?, ?)")
+_MEMBERSHIPS_OF_USER = statement(
+    "SELECT a.public_id, ua.role FROM user_accounts ua"
+    " JOIN accounts a ON a.id = ua.account_id"
+    " WHERE ua.user_id = ? ORDER BY a.public_id")
+_ROLES_OF_USER = statement(
+    "SELECT account_id, role FROM user_accounts WHERE user_id = ? ORDER BY account_id")
+_SITES_OF_ACCOUNTS = statement(
+    "SELECT s.id, s.public_id, a.public_id, a.name, a.id FROM sites s"
+    " JOIN accounts a ON a.id = s.account_id"
+    " WHERE s.account_id IN (SELECT value FROM json_each(?)) ORDER BY s.id")
+_HOSTS_OF_SITE = statement(
+    "SELECT host FROM site_hosts WHERE site_id = ? ORDER BY host")
+_ACCOUNTS_BY_NAME = statement(
+    "SELECT id, public_id, name FROM accounts WHERE id IN (SELECT value FROM json_each(?))"
+    " ORDER BY name, id")
+
+
 @dataclass(frozen=True)
 class UserRecord:
     id: int
@@ -91,13 +97,30 @@ class UserRecord:
 
 @dataclass(frozen=True)
 class SignedIn:
-    """A live sign-in session: who, which accounts (integer ids), and its CSRF token."""
+    """A live sign-in session: who, which accounts (integer ids) with the role in each
+    (owner, admin, viewer: storage/people.py), and its CSRF token."""
 
     user_id: int
     email: str
     account_ids: frozenset[int]
     csrf_token: str
     expires_at: int
+    roles: tuple[tuple[int, str], ...] = ()
+
+    def role_in(self, account_id: int) -> str | None:
+        return dict(self.roles).get(account_id)
+
+    def manages(self, account_id: int) -> bool:
+        """May change the account's sites, hostnames, keys and shared links."""
+        return self.role_in(account_id) in ("owner", "admin")
+
+    @property
+    def owns_any(self) -> bool:
+        return any(role == "owner" for _, role in self.roles)
+
+    @property
+    def manages_any(self) -> bool:
+        return any(role in ("owner", "admin") for _, role in self.roles)
 
 
 @dataclass(frozen=True)
@@ -127,7 +150,8 @@ class Users:
         return int(self.clock() * 1000)
 
     # users -----------------------------------------------------------------
-    def create_user(self, email: str, password_hash: str, account_ids: Iterable[str]) -> dict:
+    def create_user(self, email: str, password_hash: str, account_ids: Iterable[str],
+                    role: str = "owner") -> dict:
         email = normalize_email(email)
         accounts = sorted(set(account_ids))
         if not accounts:
@@ -146,8 +170,9 @@ class Users:
             user_id = conn.execute(
                 _INSERT_USER,
                 (public_id, email, password_hash, self._now_ms())).fetchone()[0]
-            conn.executemany(_INSERT_USER_ACCOUNT,
-                             [(user_id, account_id) for account_id in ids])
+            conn.executemany(
+                _INSERT_USER_ACCOUNT,
+                [(user_id, account_id, role) for account_id in ids])
         return {"id": public_id, "email": email, "accounts": accounts}
 
     def list_users(self) -> list[dict]:
@@ -155,9 +180,11 @@ class Users:
         users = conn.execute(_USERS)
         result = []
         for user_id, public_id, email, created_at in users.fetchall():
-            accounts = [r[0] for r in conn.execute(
-                _USER_ACCOUNT_IDS, (user_id,))]
-            result.append({"id": public_id, "email": email, "accounts": accounts,
+            memberships = conn.execute(
+                _MEMBERSHIPS_OF_USER, (user_id,)).fetchall()
+            result.append({"id": public_id, "email": email,
+                           "accounts": [account for account, _ in memberships],
+                           "roles": {account: role for account, role in memberships},
                            "created_at": _iso(created_at)})
         return result
 
@@ -216,9 +243,10 @@ class Users:
             (id_hash, self._now_ms())).fetchone()
         if row is None:
             return None
-        accounts = frozenset(r[0] for r in conn.execute(
-            _ACCOUNTS_OF_USER, (row[0],)))
-        return SignedIn(row[0], row[1], accounts, row[2], row[3])
+        roles = tuple((r[0], r[1]) for r in conn.execute(
+            _ROLES_OF_USER,
+            (row[0],)))
+        return SignedIn(row[0], row[1], frozenset(a for a, _ in roles), row[2], row[3], roles)
 
     def end_session(self, id_hash: bytes) -> None:
         with self.db.transaction() as conn:
@@ -232,9 +260,16 @@ class Users:
             _SITES_OF_ACCOUNTS,
             (_json_list(wanted),)).fetchall()
         return [{"row_id": site_id, "id": public_id, "account": account, "account_name": name,
+                 "account_row_id": account_row_id,
                  "hosts": [r[0] for r in conn.execute(
                      _HOSTS_OF_SITE, (site_id,))]}
-                for site_id, public_id, account, name in rows]
+                for site_id, public_id, account, name, account_row_id in rows]
+
+    def accounts_of(self, account_ids: Iterable[int]) -> list[dict]:
+        """These accounts' row id, public id and name, by name."""
+        rows = self.db.conn().execute(
+            _ACCOUNTS_BY_NAME, (_json_list(sorted(set(account_ids))),))
+        return [{"row_id": r[0], "id": r[1], "name": r[2]} for r in rows]
 
     # failed sign-ins ---------------------------------------------------------
     def record_failure(self, email: str, address: str) -> None:
