@@ -360,6 +360,15 @@ class Database:
             self._schema_pid = os.getpid()
 
 
+def set_busy_timeout(conn, ms: int) -> None:
+    """How long this connection waits for the write lock: SQLite's busy_timeout, PostgreSQL's
+    lock_timeout."""
+    if getattr(conn, "dialect", "sqlite") == "postgres":
+        conn.set_lock_timeout(ms)
+    else:
+        conn.execute(f"PRAGMA busy_timeout = {int(ms)}")  # sql-safe: an int
+
+
 def integrity_problems(conn: sqlite3.Connection) -> list[str]:
     """What is wrong with the file, [] when it is sound.
 

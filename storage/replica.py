@@ -32,6 +32,8 @@ from collections.abc import Callable
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from storage.statements import native
+
 log = logging.getLogger("tally")
 
 # TALLY_REPLICA_MAX_LAG's default: seconds the replica's data may be behind the primary's.
@@ -43,9 +45,10 @@ RETRY_AFTER = 5.0
 # Seconds to wait for the replica to accept a connection.
 CONNECT_TIMEOUT_S = 2
 
-# PostgreSQL only: WAL positions as byte offsets (numeric, read back as int).
-PRIMARY_POSITION = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
-REPLICA_POSITION = ("SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn() - '0/0'::pg_lsn")
+# WAL positions as byte offsets (numeric, read back as int), on psycopg's own connections.
+PRIMARY_POSITION = native("postgres", "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+REPLICA_POSITION = native(
+    "postgres", "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn() - '0/0'::pg_lsn")
 
 
 class Replica:

@@ -38,6 +38,7 @@ from ingest.queue import Accepted
 from storage.backend import open_database
 from storage.db import Database, schema
 from storage.dialect import dialect
+from storage.statements import postgres_spelling
 from tests.conftest import FakeClock, config_for, counting_bytes
 from tests.sessions_reference import ReferenceSessionWriter, reference_write_batch
 from validation.event import IDENTIFY, parse_events
@@ -149,8 +150,9 @@ def pair(seeded, backend):
             (seeded(backend), SessionWriter())]
 
 
-RESTART_SESSION_IDS = ("SELECT setval(pg_get_serial_sequence('sessions', 'id'),"
-                       " coalesce(max(id), 0) + 1, false) FROM sessions")
+RESTART_SESSION_IDS = postgres_spelling(
+    "SELECT setval(pg_get_serial_sequence('sessions', 'id'), coalesce(max(id), 0) + 1, false)"
+    " FROM sessions")
 
 
 def tables(conn) -> dict[str, list[tuple]]:
