@@ -201,8 +201,8 @@ def add_session_counts(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> No
 # trigger (schema_postgres.sql) runs once over all of them.
 _INSERT_SESSION_VISITORS = native(
     "postgres", "INSERT INTO session_visitors (site_id, visitor_id, session_id)"
-                " SELECT * FROM unnest(CAST(? AS BIGINT[]), CAST(? AS BIGINT[]),"
-                " CAST(? AS BIGINT[])) ON CONFLICT DO NOTHING")
+                " SELECT * FROM unnest(?::bigint[], ?::bigint[], ?::bigint[])"
+                " ON CONFLICT DO NOTHING")
 
 
 def link_session_visitors(conn: sqlite3.Connection, links: Iterable[Sequence]) -> None:

@@ -189,7 +189,7 @@ def test_an_upgraded_database_gives_new_sessions_ids_past_the_stored_ones(
     tally.stop(timeout=5)
     ids = [r["id"] for r in rows(db, "SELECT id FROM sessions ORDER BY id")]
     assert ids == [1, 2, 40, 41, 42, 43]
-    # The trigger runs once per statement now (tgtype's bit 0 set: once per row).
-    assert rows(db, "SELECT tgtype & 1 AS per_row FROM pg_trigger"
+    # The trigger runs once per statement now (tgtype odd: once per row).
+    assert rows(db, "SELECT tgtype % 2 AS per_row FROM pg_trigger"
                     " WHERE tgname = 'first_touch_new_session_visitor'"
                     " AND tgrelid = 'session_visitors'::regclass") == [{"per_row": 0}]
