@@ -92,7 +92,7 @@ class PaymentStore:
     def upsert(self, site_id: int, payment: Payment) -> None:
         """Store the payment (replacing one with its payment_id), its customer and subscription."""
         now_ms = int(self.clock() * 1000)
-        with self.db.transaction() as conn:
+        with self.db.transaction(sites=(site_id,)) as conn:
             self.write(conn, site_id, payment, now_ms)
 
     @classmethod
