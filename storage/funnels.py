@@ -11,19 +11,21 @@ import orjson
 
 from storage.db import Database
 from storage.directory import InvalidArgument
+from storage.statements import statement
 
 # Enough for any site's dashboard; it bounds what a key holder can store.
 MAX_FUNNELS = 100
 
-_COUNT = "SELECT count(*) FROM funnels WHERE site_id = ?"
-_FIND = "SELECT name, steps, created_at FROM funnels WHERE site_id = ? AND name = ?"
-_LIST = "SELECT name, steps, created_at FROM funnels WHERE site_id = ? ORDER BY name, id"
-_UPSERT = (
+_COUNT = statement("SELECT count(*) FROM funnels WHERE site_id = ?")
+_FIND = statement("SELECT name, steps, created_at FROM funnels WHERE site_id = ? AND name = ?")
+_LIST = statement(
+    "SELECT name, steps, created_at FROM funnels WHERE site_id = ? ORDER BY name, id")
+_UPSERT = statement(
     "INSERT INTO funnels (site_id, name, steps, created_at) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (site_id, name) DO UPDATE SET steps = excluded.steps,"
     " created_at = excluded.created_at"
 )
-_DELETE = "DELETE FROM funnels WHERE site_id = ? AND name = ?"
+_DELETE = statement("DELETE FROM funnels WHERE site_id = ? AND name = ?")
 
 
 def _funnel(name: str, steps: str, created_at: int) -> dict:

@@ -581,7 +581,7 @@ def visitor_id_of(db: Database, site_id: int, given: str) -> int:
 
 # Removing a site -------------------------------------------------------------------------
 
-_SITE_EVENT_IDS = "SELECT id FROM events WHERE site_id = ? LIMIT ?"
+_SITE_EVENT_IDS = statement("SELECT id FROM events WHERE site_id = ? LIMIT ?")
 # Every table that holds a site's rows, children before the tables they reference;
 # tests/test_onboarding.py fails when a table with a site_id column is missing here.
 _SITE_TABLES = (
@@ -592,7 +592,7 @@ _SITE_TABLES = (
     "customers", "stripe_objects", "stripe_events", "stripe_webhook_secrets", "shared_links",
     "api_keys", "site_identity_secrets", "dead_letters", "funnels", "site_hosts",
 )
-_DELETE_SITE_ROWS = {table: f"DELETE FROM {table} WHERE site_id = ?"  # noqa: S608 - fixed names
+_DELETE_SITE_ROWS = {table: statement(f"DELETE FROM {table} WHERE site_id = ?")  # noqa: S608 - fixed names
                      for table in _SITE_TABLES}
 
 

@@ -3,7 +3,7 @@ visits started in the range that are one of the steps, the customers linked to t
 visits, and their succeeded charges.
 
 Each list is one JSON parameter read with json_each, so a funnel of any steps keeps the
-same statement text; the filters add the fixed fragments of reports.segment_queries.
+same statement text; the filters add the declared fragments of reports.segments.queries.
 """
 
 from __future__ import annotations
@@ -16,27 +16,33 @@ import orjson
 from reports.segments.queries import Segment
 from storage.connection import Connection
 from storage.dialect import dialect, integer_of_text
+from storage.statements import EMPTY, by_dialect, fragment, statement, template
 
 # A visit's events are read up to a day after the range: a visit started in the range may
 # go on past its end (as a segment's sessions do, reports.segment_queries).
-_PATHS = (
+_PATHS = statement(
     "SELECT DISTINCT pathname FROM events"
     " WHERE site_id = ? AND ts >= ? AND ts < ? AND name = 'pageview'"
 )
-_STEP_EVENTS = (
+# The segment's visits: its session filters, and its event filters through the sessions
+# with a matching event (reports.segments.queries' fragments).
+_FILTERED = fragment(
+    " AND e.session_id IN (SELECT s.id FROM sessions s"
+    " WHERE s.site_id = ? AND s.started_at >= ? AND s.started_at < ?{session_where}{matching})",
+    probe="SELECT 1 FROM events e WHERE e.id = 1{}")
+_STEP_EVENTS = template(
     "SELECT e.session_id, s.visitor_id, e.ts, e.id, e.name, e.pathname"
     " FROM events e JOIN sessions s ON s.id = e.session_id"
     " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ?"
     " AND s.site_id = ? AND s.started_at >= ? AND s.started_at < ?"
     " AND (e.name IN (SELECT value FROM json_each(?))"
-    " OR (e.name = 'pageview' AND e.pathname IN (SELECT value FROM json_each(?))))"
-)
-_FILTERED = " AND e.session_id IN (SELECT s.id FROM sessions s"
-_ORDER = " ORDER BY e.session_id, e.ts, e.id"
+    " OR (e.name = 'pageview' AND e.pathname IN (SELECT value FROM json_each(?)))){filtered}"
+    " ORDER BY e.session_id, e.ts, e.id",
+    {}, {"filtered": _FILTERED.format(session_where=EMPTY, matching=EMPTY)})
 
 # The customers linked now to one of the visits' visitor ids (customer.visitor_id, or
 # customer.user_id -> $identify -> visitor), by visit.
-_VISIT_CUSTOMERS = {name: (
+_VISIT_CUSTOMERS = by_dialect(**{name: (
     "WITH linked (customer_id, visitor_id) AS ("  # noqa: S608 - fixed fragments by dialect
     f" SELECT customer_id, {integer_of_text(name, 'visitor_id')} FROM customers"
     "  WHERE site_id = ?1 AND visitor_id IS NOT NULL"
@@ -48,8 +54,8 @@ _VISIT_CUSTOMERS = {name: (
     " FROM linked l CROSS JOIN session_visitors sv"
     " WHERE sv.site_id = ?1 AND sv.visitor_id = l.visitor_id"
     " AND sv.session_id IN (SELECT value FROM json_each(?2))"
-) for name in ("sqlite", "postgres")}
-_CHARGES = (
+) for name in ("sqlite", "postgres")})
+_CHARGES = statement(
     "SELECT customer_id, paid_at_ms FROM payments"
     " WHERE site_id = ? AND kind = 'charge' AND status = 'succeeded'"
     " AND paid_at_ms >= ? AND paid_at_ms < ?"
@@ -81,13 +87,13 @@ def step_events(conn: Connection, site_id: int, start: int, end: int,
     """The events of the visits started in [start, end) (up to `reach_ms` after `end`)
     that are a custom event named in `names` or a pageview of a path in `paths`, visit by
     visit, each visit's in order. With a segment, only its visits (its filters)."""
-    sql, params = _STEP_EVENTS, [site_id, start, end + reach_ms, site_id, start, end,
-                                 _json(names), _json(paths)]
+    params = [site_id, start, end + reach_ms, site_id, start, end, _json(names), _json(paths)]
+    filtered = EMPTY
     if segment is not None and segment.filters:
-        # sql-safe: fixed fragments of reports.segment_queries; values are parameters
-        sql += _FILTERED + segment.sessions_where + ")"
+        filtered = _FILTERED.format(session_where=segment.session_where.sql,
+                                    matching=segment.matching)
         params += segment.sessions_params(site_id, start, end)
-    for row in conn.execute(sql + _ORDER, params):
+    for row in conn.execute(_STEP_EVENTS.fill(filtered=filtered), params):
         yield StepEvent(*row)
 
 

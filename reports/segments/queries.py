@@ -315,7 +315,7 @@ class Segment:
             "session_where": self.session_where.sql,
             "event_where": self.event_where.sql,
         }
-        self._matching = (_MATCHING_SESSIONS.format(event_where=self.event_where.sql)
+        self.matching = (_MATCHING_SESSIONS.format(event_where=self.event_where.sql)
                           if self.event_where.sql else EMPTY)
         self._goal_join = (_GOAL_JOIN.format(goal=_GOAL_CLAUSES[goal.kind])
                            if goal is not None else EMPTY)
@@ -383,7 +383,7 @@ class Segment:
                     column=_BREAKDOWN_COLUMNS[by],
                     goal_columns=_SESSION_GOAL_COLUMNS if self.goal else _NO_GOAL_COLUMNS,
                     goal_join=self._goal_join, session_where=self.session_where.sql,
-                    matching=self._matching),
+                    matching=self.matching),
                 (*self._goal_params(site_id, t0, t1), *self._sessions_params(site_id, t0, t1)))
         else:
             goal_columns, goal_params = _NO_GOAL_COLUMNS, ()
