@@ -17,6 +17,7 @@ import pytest
 from storage.statements import (
     REGISTRY,
     Fragment,
+    Statement,
     UnsupportedSQL,
     by_dialect,
     compose,
@@ -145,6 +146,34 @@ def test_storage_executes_only_declared_statements():
                     and node.args and _literal_sql(node.args[0])):
                 made_on_the_spot.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert made_on_the_spot == []
+
+
+_SQL_TEXT = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH|REPLACE)\b", re.IGNORECASE)
+
+
+def _undeclared_sql(value, declared: set[str]) -> bool:
+    if isinstance(value, Statement | Fragment):
+        return False
+    if isinstance(value, str):
+        # A text with {slots} is the source of declared statements (filled, then declared);
+        # a text declared as well is the same statement kept under a second name.
+        return bool(_SQL_TEXT.match(value)) and "{" not in value and value not in declared
+    if isinstance(value, dict):
+        return any(_undeclared_sql(v, declared) for v in value.values())
+    return False
+
+
+def test_no_query_module_keeps_sql_text_outside_the_registry():
+    """A statement kept in a module-level name (or a dict of them) and executed later
+    escapes the scan above: every such text must be declared."""
+    modules = {".".join(path.relative_to(REPO).with_suffix("").parts): None
+               for path in _query_modules()}
+    for name in modules:
+        modules[name] = importlib.import_module(name)
+    declared = {probe.sql for probe in REGISTRY}  # complete once every module is imported
+    undeclared = [f"{name}.{attr}" for name, module in modules.items()
+                  for attr, value in vars(module).items() if _undeclared_sql(value, declared)]
+    assert undeclared == []
 
 
 def test_the_scan_sees_literals_in_every_form():
