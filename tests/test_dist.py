@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -138,6 +139,14 @@ def exercise(folder: Folder, tmp_path: Path, url: str | None) -> None:
         assert status == 200 and b"<form" in body
         status, _, body = http("GET", base + "/js/tally.js")
         assert status == 200 and body == (REPO / "tracker" / "static" / "tally.js").read_bytes()
+        # No user yet: the master printed the first run's setup link once, and it opens.
+        log.flush()
+        printed = (tmp_path / "serve.log").read_text()
+        assert printed.count("no user yet") == 1, printed
+        setup = re.search(r"Open (\S+) within 24 hours", printed).group(1)
+        assert setup.startswith(base + "/setup/")
+        status, _, body = http("GET", setup)
+        assert status == 200 and b'name="host"' in body
     finally:
         server.send_signal(signal.SIGTERM)
         code = server.wait(WAIT)

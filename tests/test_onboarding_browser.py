@@ -2,7 +2,7 @@
 the setup link from the server's one line, the setup form, the install check turning to
 receiving without a reload, a shared link, a new site, people and an invitation, and the
 removal page. Each page is checked for console errors and overflow at 390 and 1440 px and
-saved as a full-page screenshot under var/screenshots/ (not committed: look at them);
+saved as full-page screenshots, light and dark, under var/screenshots/ (not committed: look at them);
 docs/screenshots/ holds the setup and settings pages of one such run."""
 
 from __future__ import annotations
@@ -103,19 +103,24 @@ def until(driver, condition, message: str):
 
 
 def look(driver, name: str) -> None:
-    """At both widths: no console error, nothing wider than the window, and a full-page
-    screenshot."""
+    """At both widths, light and dark: nothing wider than the window, a full-page
+    screenshot; and no console error."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    for width in WIDTHS:
-        driver.set_window_size(width, 900)
-        # Charts redraw at their new width 50 ms after a resize (dashboard.js).
-        until(driver, lambda d: d.execute_script(
-            "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"),
-            f"{name} is wider than {width} px")
-        height = driver.execute_script("return document.documentElement.scrollHeight"
-                                       " + window.outerHeight - window.innerHeight")
-        driver.set_window_size(width, min(max(height, 600), 5000))
-        driver.save_screenshot(str(SHOTS / f"{name}-{width}.png"))
+    for scheme in ("light", "dark"):
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+            "features": [{"name": "prefers-color-scheme", "value": scheme}]})
+        for width in WIDTHS:
+            driver.set_window_size(width, 900)
+            # Charts redraw at their new width 50 ms after a resize (dashboard.js).
+            until(driver, lambda d: d.execute_script(
+                "return document.documentElement.scrollWidth"
+                " <= document.documentElement.clientWidth"), f"{name} is wider than {width} px")
+            height = driver.execute_script("return document.documentElement.scrollHeight"
+                                           " + window.outerHeight - window.innerHeight")
+            driver.set_window_size(width, min(max(height, 600), 5000))
+            suffix = "" if scheme == "light" else "-dark"
+            driver.save_screenshot(str(SHOTS / f"{name}-{width}{suffix}.png"))
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
     driver.set_window_size(1440, 900)
     assert console_errors(driver) == [], name
 
