@@ -36,6 +36,19 @@ from storage.db import (
 
 log = logging.getLogger("tally")
 
+# Forks of this process so far, as a child sees them: a Flusher started before the last
+# fork has no thread in this process. Comparing it costs a request far less than
+# os.getpid(), a system call.
+_forks = 0
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class Flusher:
     def __init__(
@@ -66,6 +79,7 @@ class Flusher:
         self._conn: sqlite3.Connection | None = None
         self._thread: threading.Thread | None = None
         self._pid: int | None = None
+        self._started_after_fork = -1  # _forks when start() ran
         self._start_lock = threading.Lock()
         self._rounds = threading.Condition(threading.Lock())
         self._requested = 0  # flush_now() tickets handed out
@@ -80,6 +94,7 @@ class Flusher:
             self._thread = threading.Thread(target=self._run, name="tally-flush", daemon=True)
             self._thread.start()
             self._pid = os.getpid()
+            self._started_after_fork = _forks
 
     def stop(self, timeout: float = 25.0) -> None:
         """Refuse new events, flush everything held and wait for it at most `timeout` s."""
@@ -95,7 +110,7 @@ class Flusher:
 
     def submit(self, unit: Accepted) -> bool:
         """Queue a request's events as one unit; False when they do not all fit."""
-        if self._pid != os.getpid():
+        if self._started_after_fork != _forks:
             self.start()  # safety net for a process where start() was never called
         return self.queue.offer(unit)
 
