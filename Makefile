@@ -40,7 +40,7 @@ dist: install
 BINARY ?= dist/tally
 BINARY_VENV := build/binary-venv
 BINARY_PACKAGES := app cli config vocabulary storage api attribution tracker dashboard \
-	integrations metrics serving quota enrichment ingest reports validation \
+	metrics serving quota enrichment ingest reports validation \
 	iso4217 pycountry iptocc crawlerdetect ua_parser ua_parser_builtins ua_parser_rs falcon \
 	gunicorn stripe jinja2 argon2 prometheus_client pythonjsonlogger psycopg psycopg_binary psycopg_pool
 dist-binary:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
+from functools import partial
 
 import falcon
 
@@ -25,9 +26,15 @@ from api.payments import PaymentsResource
 from api.records import CustomerRecord, PaymentRecord
 from api.script import TrackerScript
 from api.stats import add_stats_routes
+from api.stripe_webhook import StripeWebhook
 from config import Config
 from dashboard.web import Dashboard
-from integrations.stripe.webhook import StripeWebhook
+from enrichment.browser_ids import BrowserIds, BrowserVisitors
+from enrichment.enricher import Enricher
+from ingest.flusher import Flusher
+from ingest.pipeline import write_batch
+from ingest.queue import EventQueue
+from quota.usage import QuotaGuard
 from storage.backend import open_database
 from storage.db import Database
 from storage.directory import Directory
@@ -70,6 +77,19 @@ class ReleaseConnection:
         self.db.release()
 
 
+def build_flusher(config: Config, db: Database, quota: QuotaGuard, clock: Callable[[], float],
+                  random_bytes: Callable[[int], bytes]) -> Flusher:
+    """The worker's events queue and the flush thread (not started) that enriches what it
+    holds and writes it (ingest/pipeline.py), browser ids and the quota's usage included."""
+    enricher = Enricher(db, clock, random_bytes, config.cache_entries)
+    browser_visitors = BrowserVisitors(BrowserIds(db, clock, random_bytes))
+    return Flusher(db, EventQueue(config.queue_max), enricher,
+                   interval=config.flush_interval, quota=quota,
+                   write=partial(write_batch, browser_visitors=browser_visitors),
+                   busy_timeout_ms=config.flush_busy_timeout_ms, backoff=config.flush_backoff,
+                   clock=clock)
+
+
 class Tally:
     """The WSGI callable plus the lifecycle of its background work."""
 
@@ -91,9 +111,12 @@ class Tally:
         self.wsgi.add_route("/metrics", MetricsResource(config.metrics_token, db))
         self.wsgi.add_route("/healthz", Health(db))
         self.wsgi.add_route("/api/v1/key", CurrentKey(self.auth))
-        self.events = build_events(config, db, self.auth, self.directory, clock, random_bytes)
-        self.flusher = self.events.flusher
+        self.quota = QuotaGuard(db, clock, ttl=config.cache_ttl, max_entries=config.cache_entries,
+                                keyed_reserve_percent=config.keyed_reserve_percent)
+        self.flusher = build_flusher(config, db, self.quota, clock, random_bytes)
         self.services.append(self.flusher)
+        self.events = build_events(config, self.auth, self.directory, self.quota, self.flusher,
+                                   clock)
         self.wsgi.add_route("/api/v1/events", self.events)
         self.collect = build_collect(config, db, self.events)
         self.wsgi.add_route("/api/v1/collect", self.collect)

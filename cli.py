@@ -19,15 +19,16 @@ import orjson
 
 from config import Config, ConfigError
 from dashboard import passwords
+from dashboard.first_run import setup_url
 from quota.audit import usage_mismatches
 from quota.usage import account_usage, month_of
-from reports.csv_text import as_csv
-from reports.filters import COMPARISONS
-from reports.money import json_ready
-from reports.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter
-from reports.revenue_by import REVENUE_DIMENSIONS
+from reports.money.amounts import json_ready
+from reports.money.revenue_by import REVENUE_DIMENSIONS
+from reports.segments.filters import COMPARISONS
 from reports.service import run_report
-from reports.text import (
+from reports.shared.csv_text import as_csv
+from reports.shared.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter
+from reports.shared.text import (
     goals_lines,
     mrr_lines,
     realtime_lines,
@@ -54,6 +55,7 @@ from storage.maintenance import (
     unstored_days,
     visitor_id_of,
 )
+from storage.people import ROLES, SETUP_LINK_MS, People
 from storage.shares import SharedLinks
 from storage.stripe import StripeStore
 from storage.users import Users
@@ -76,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve HTTP under gunicorn with Tally's settings")
     serve.add_argument("--bind", metavar="ADDR", help="HOST:PORT or unix:PATH (default 127.0.0.1:8000)")
     serve.add_argument("--workers", type=_workers, metavar="N", help="worker processes (default 2)")
+    setup_link = commands.add_parser(
+        "setup-link", help="a new one-time link (24 h) that creates the first user and site")
+    setup_link.add_argument("--bind", metavar="ADDR",
+                            help="the address tally serve binds, for the link's host when "
+                                 "TALLY_PUBLIC_URL is unset (default 127.0.0.1:8000)")
     commands.add_parser("check", help="integrity check, and monthly usage against stored events")
     backup = commands.add_parser("backup", help="a consistent copy of the database, while it serves")
     backup.add_argument("path", metavar="PATH", help="a new file (never overwritten)")
@@ -147,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     create = user.add_parser("create", help="create a user who sees the sites of the accounts")
     create.add_argument("--email", required=True)
     create.add_argument("--account", required=True, action="append", metavar="ACCOUNT_ID")
+    create.add_argument("--role", default="owner", choices=ROLES,
+                        help="what the user may do in those accounts (default owner)")
     create.add_argument("--password-stdin", action="store_true", required=True,
                         help="read the password (10 characters or more) from standard input")
     user.add_parser("list", help="list users and their accounts")
@@ -271,6 +280,18 @@ def _init(args, ctx):
             [f"database ready at {ctx.db.location} (schema version {version})"])
 
 
+@command("setup-link")
+def _setup_link(args, ctx):
+    token = People(ctx.db, ctx.clock).new_setup_token()
+    if token is None:
+        raise CliError("this installation has users already: sign in at /login"
+                       " (tally user create makes more)")
+    url = setup_url(ctx.config.public_url, args.bind, token)
+    return ({"url": url, "expires_in_hours": SETUP_LINK_MS // 3_600_000},
+            [url, "", "Open it within 24 hours to create the owner and the first site;"
+                      " it works once."])
+
+
 @command("check")
 def _check(args, ctx):
     location = ctx.db.location
@@ -364,8 +385,8 @@ def _migrate_to_postgres(args, ctx):
 def _prune(args, ctx):
     from datetime import date
 
-    from reports.days import DIMENSIONS
-    from reports.retention import cutoff_ms, earliest_allowed_cutoff, store_days
+    from reports.days.queries import DIMENSIONS
+    from reports.days.retention import cutoff_ms, earliest_allowed_cutoff, store_days
 
     now_ms = int(ctx.clock() * 1000)
     latest = earliest_allowed_cutoff(now_ms)
@@ -549,7 +570,7 @@ def _read_password() -> str:
 @command("user", "create")
 def _user_create(args, ctx):
     password_hash = passwords.hash_password(_read_password())
-    user = ctx.users.create_user(args.email, password_hash, args.account)
+    user = ctx.users.create_user(args.email, password_hash, args.account, args.role)
     return user, table([user], ["id", "email", "accounts"])
 
 

@@ -40,10 +40,29 @@ def on_starting(server):
     try:
         from app import create_app_from_env
 
-        create_app_from_env().db.check_startup()
+        tally = create_app_from_env()
+        tally.db.check_startup()
+        _announce_setup(server, tally)
     except (ConfigError, StorageError) as exc:
         server.log.error("tally: refusing to start: %s", exc)
         sys.exit(1)
+
+
+def _announce_setup(server, tally):
+    """On an installation with no user, one line (from the master: once, whatever the
+    workers) with a new one-time setup link."""
+    import time
+
+    from dashboard.first_run import setup_line, setup_url
+    from storage.people import People
+
+    try:
+        token = People(tally.db, time.time).new_setup_token()
+    finally:
+        tally.db.close()
+    if token is not None:
+        bind = server.cfg.bind[0] if server.cfg.bind else None
+        server.log.warning(setup_line(setup_url(tally.config.public_url, bind, token)))
 
 
 def post_worker_init(worker):

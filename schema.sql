@@ -369,7 +369,7 @@ CREATE INDEX IF NOT EXISTS payments_subscription
     ON payments (site_id, subscription_id, paid_at_ms) WHERE subscription_id IS NOT NULL;
 
 -- Traffic of a UTC day (days since 1970-01-01), stored once the day can no longer change
--- (reports/days.py): the day's totals; and per breakdown dimension, a row saying its
+-- (reports/days/traffic_days.py): the day's totals; and per breakdown dimension, a row saying its
 -- values are stored, then one row per value.
 CREATE TABLE IF NOT EXISTS traffic_days (
     site_id     INTEGER NOT NULL REFERENCES sites (id),
@@ -475,9 +475,13 @@ CREATE TABLE IF NOT EXISTS users (
     created_at    INTEGER NOT NULL
 );
 
+-- role: what the user may do in the account (issue 30; version 19 added it, and every
+-- earlier member became an owner): owner (everything, and its people), admin (sites,
+-- hostnames, keys, shared links), viewer (dashboards only).
 CREATE TABLE IF NOT EXISTS user_accounts (
     user_id     INTEGER NOT NULL REFERENCES users (id) ON DELETE CASCADE,
     account_id  INTEGER NOT NULL REFERENCES accounts (id),
+    role        TEXT    NOT NULL DEFAULT 'owner' CHECK (role IN ('owner', 'admin', 'viewer')),
     PRIMARY KEY (user_id, account_id)
 ) WITHOUT ROWID;
 
@@ -525,8 +529,8 @@ CREATE TABLE IF NOT EXISTS deleted_events (
 ) WITHOUT ROWID;
 
 -- Stats API v2 (issue 14) -----------------------------------------------------
--- Traffic of a segment (filters and/or a goal, reports/filters.py segment_key) per UTC
--- day, stored like traffic_days once the day is final (reports/segments.py). A site keeps
+-- Traffic of a segment (filters and/or a goal, reports/segments/filters.py segment_key) per UTC
+-- day, stored like traffic_days once the day is final (reports/segments/segment_days.py). A site keeps
 -- at most MAX_STORED_SEGMENTS segments; further segments are counted live every time.
 CREATE TABLE IF NOT EXISTS traffic_segments (
     site_id     INTEGER NOT NULL REFERENCES sites (id),
@@ -620,4 +624,29 @@ CREATE TABLE IF NOT EXISTS sign_in_addresses (
     PRIMARY KEY (user_id, address)
 ) WITHOUT ROWID;
 
-PRAGMA user_version = 16;
+-- First run and invitations (issue 30) ---------------------------------------------
+-- One-time links, stored as SHA-256 digests of their tokens. A setup link creates the
+-- first user of an installation that has none (all of them are deleted then); an
+-- invitation makes its taker a member of one account with a role.
+CREATE TABLE IF NOT EXISTS setup_tokens (
+    id          INTEGER PRIMARY KEY,
+    token_hash  BLOB    NOT NULL UNIQUE CHECK (length(token_hash) = 32),
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL CHECK (expires_at > created_at)
+);
+
+CREATE TABLE IF NOT EXISTS invitations (
+    id          INTEGER PRIMARY KEY,
+    public_id   TEXT    NOT NULL UNIQUE,
+    account_id  INTEGER NOT NULL REFERENCES accounts (id),
+    role        TEXT    NOT NULL CHECK (role IN ('owner', 'admin', 'viewer')),
+    token_hash  BLOB    NOT NULL UNIQUE CHECK (length(token_hash) = 32),
+    invited_by  INTEGER REFERENCES users (id) ON DELETE SET NULL,
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL CHECK (expires_at > created_at),
+    used_at     INTEGER,
+    revoked_at  INTEGER
+);
+CREATE INDEX IF NOT EXISTS invitations_account ON invitations (account_id);
+
+PRAGMA user_version = 19;

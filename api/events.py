@@ -8,7 +8,6 @@ the flush thread stores them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import falcon
 
@@ -18,12 +17,9 @@ from api.bodies import parse_json, read_limited
 from api.caches import TTLCache
 from api.errors import forbidden, invalid_input, not_found, quota_exceeded, rate_limited
 from enrichment.agents import BotFilter
-from enrichment.browser_ids import BrowserIds, BrowserVisitors
-from enrichment.enricher import Enricher
 from enrichment.visitor import utc_day
 from ingest.flusher import Flusher
-from ingest.pipeline import write_batch
-from ingest.queue import Accepted, EventQueue
+from ingest.queue import Accepted
 from quota.usage import QuotaGuard, UtcMonths, counted_events, seconds_until_next_month
 from validation.event import MAX_BATCH, MAX_BODY_BYTES, InvalidEvent, parse_events
 
@@ -134,18 +130,9 @@ class EventsResource:
         metrics.events_received(len(kept), bots)
 
 
-def build_events(config, db, auth: Authenticator, directory, clock: Callable[[], float],
-                 random_bytes: Callable[[int], bytes]) -> EventsResource:
-    """The resource with its queue, flush thread (`.flusher`, not started) and quota guard."""
-    quota = QuotaGuard(db, clock, ttl=config.cache_ttl, max_entries=config.cache_entries,
-                       keyed_reserve_percent=config.keyed_reserve_percent)
-    enricher = Enricher(db, clock, random_bytes, config.cache_entries)
-    browser_visitors = BrowserVisitors(BrowserIds(db, clock, random_bytes))
-    flusher = Flusher(db, EventQueue(config.queue_max), enricher,
-                      interval=config.flush_interval, quota=quota,
-                      write=partial(write_batch, browser_visitors=browser_visitors),
-                      clock=clock)
-    flusher.busy_timeout_ms, flusher.backoff = config.flush_busy_timeout_ms, config.flush_backoff
+def build_events(config, auth: Authenticator, directory, quota: QuotaGuard, flusher: Flusher,
+                 clock: Callable[[], float]) -> EventsResource:
+    """The resource, handing what it accepts to `flusher` (built by the app factory)."""
     sites = TTLCache(directory.find_site, clock, ttl=config.cache_ttl,
                      max_entries=config.cache_entries)
     return EventsResource(auth, sites, BotFilter(config.cache_entries), quota, flusher, clock)

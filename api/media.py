@@ -7,7 +7,7 @@ import falcon
 import orjson
 from falcon import media
 
-from reports.money import dumps
+from reports.money.amounts import dumps
 
 
 def install(app: falcon.App) -> None:

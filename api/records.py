@@ -15,7 +15,7 @@ import falcon
 from api.auth import Authenticator, key_scope
 from api.errors import not_found
 from attribution.first_touch import customer_attribution
-from reports.money import exact_decimals, round_money
+from reports.money.amounts import exact_decimals, round_money
 from storage.db import Database
 from storage.payments import (
     find_customer,

@@ -2,7 +2,7 @@
 series, goals and realtime.
 
 Scope `read`; a key only ever sees its own site. Parameters are checked by
-reports.params and a bad one is 400 invalid_input with its message. Breakdown, revenue
+reports.shared.params and a bad one is 400 invalid_input with its message. Breakdown, revenue
 and time series answer CSV for `format=csv` or an Accept header naming text/csv.
 """
 
@@ -14,9 +14,9 @@ import falcon
 
 from api.auth import Authenticator, key_scope
 from api.errors import invalid_input
-from reports.csv_text import CSV_REPORTS, as_csv, wants_csv
-from reports.params import InvalidReportParameter
 from reports.service import run_report
+from reports.shared.csv_text import CSV_REPORTS, as_csv, wants_csv
+from reports.shared.params import InvalidReportParameter
 from storage.db import Database
 from storage.reads import ReadPool
 

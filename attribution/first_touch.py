@@ -6,10 +6,10 @@ current by triggers in schema.sql), so reading it is a join, never a walk over l
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
+from storage.connection import Connection
 from storage.sessions import first_channels, first_session
 from vocabulary import UNATTRIBUTED, UTM_KEYS
 
@@ -25,7 +25,7 @@ def unattributed() -> dict:
     }
 
 
-def customer_attribution(conn: sqlite3.Connection, site_id: int, customer_id: str) -> dict:
+def customer_attribution(conn: Connection, site_id: int, customer_id: str) -> dict:
     """{"channel", "source", "referrer", "landing_page", "utm": {...}, "first_seen"}."""
     row = first_session(conn, site_id, customer_id)
     if row is None:
@@ -41,7 +41,7 @@ def customer_attribution(conn: sqlite3.Connection, site_id: int, customer_id: st
     }
 
 
-def customer_channels(conn: sqlite3.Connection, site_id: int,
+def customer_channels(conn: Connection, site_id: int,
                       customer_ids: Iterable[str] | None = None) -> dict[str, str]:
     """customer id -> first-touch channel for the site's customers (or just those given).
 

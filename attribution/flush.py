@@ -8,12 +8,12 @@ back) together.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Collection, Sequence
 from functools import partial
 from operator import itemgetter
 
 from attribution.sessions import Hit, SessionWriter
+from storage.connection import Connection
 from storage.events import EventRow
 from vocabulary import CLICK_IDS, UTM_KEYS
 
@@ -31,7 +31,7 @@ _hit = partial(tuple.__new__, Hit)
 _writer = SessionWriter()
 
 
-def assign_sessions(conn: sqlite3.Connection, rows: Sequence[EventRow],
+def assign_sessions(conn: Connection, rows: Sequence[EventRow],
                     previous_visitor_ids: Sequence[int | None],
                     unlinked: Collection[int] = ()) -> list[int | None]:
     """The session id of each row (None for `$identify` and rows without a visitor).

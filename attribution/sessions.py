@@ -22,12 +22,12 @@ visitor first (tests/test_sessions_equivalence.py holds that reference and compa
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Collection, Iterable, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
 from attribution import Touch, classify_visit
+from storage.connection import Connection
 from storage.directory import site_hosts
 from storage.sessions import (
     add_session_counts,
@@ -114,7 +114,7 @@ class _Session:
 class _Visits:
     """The sessions one batch can reach, by (site, visitor id), kept current in memory."""
 
-    def __init__(self, conn: sqlite3.Connection, wanted: dict[int, list]):
+    def __init__(self, conn: Connection, wanted: dict[int, list]):
         """wanted: site id -> [visitor ids looked up, first ts, last ts of the lookups].
 
         Loaded: every stored session of those visitor ids that a lookup within the
@@ -204,10 +204,10 @@ class _Visits:
 class SessionWriter:
     """Assigns hits to sessions and records identity links on a connection in a transaction."""
 
-    def __init__(self, site_hosts: Callable[[sqlite3.Connection, int], Collection[str]] | None = None):
+    def __init__(self, site_hosts: Callable[[Connection, int], Collection[str]] | None = None):
         self._site_hosts = site_hosts or hosts_of_site
 
-    def record(self, conn: sqlite3.Connection, hits: Sequence[Hit]) -> list[int | None]:
+    def record(self, conn: Connection, hits: Sequence[Hit]) -> list[int | None]:
         """The session id of each hit (None for $identify and hits without a visitor)."""
         session_ids: list[int | None] = [None] * len(hits)
         groups: dict[tuple[int, int], list[int]] = {}  # (site, visitor id) -> hit indexes
@@ -288,7 +288,7 @@ class SessionWriter:
         return session_ids
 
     @staticmethod
-    def _link_identities(conn: sqlite3.Connection, visits: _Visits,
+    def _link_identities(conn: Connection, visits: _Visits,
                          identifies: Iterable[Hit]) -> None:
         rows = []
         for hit in identifies:
@@ -302,5 +302,5 @@ class SessionWriter:
         link_identities(conn, rows)
 
 
-def hosts_of_site(conn: sqlite3.Connection, site_id: int) -> frozenset[str]:
+def hosts_of_site(conn: Connection, site_id: int) -> frozenset[str]:
     return frozenset(site_hosts(conn, site_id))

@@ -12,10 +12,10 @@ from decimal import Decimal
 from fractions import Fraction
 
 from dashboard.periods import Period
-from reports import params as report_params
-from reports.money import round_money
-from reports.params import InvalidReportParameter
+from reports.money.amounts import round_money
 from reports.service import REPORTS, run_report
+from reports.shared import params as report_params
+from reports.shared.params import InvalidReportParameter
 from storage.db import Database
 
 TABLE_ROWS = 10

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, timedelta
 
-from reports.params import InvalidReportParameter, parse_date_range
+from reports.shared.params import InvalidReportParameter, parse_date_range
 
 PERIODS = (
     ("today", "Today"),

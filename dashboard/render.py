@@ -10,7 +10,7 @@ from importlib import resources
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from reports.money import round_money
+from reports.money.amounts import round_money
 
 STATIC_FILES = (
     "app.css",

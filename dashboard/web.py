@@ -22,11 +22,13 @@ from dashboard.figures import Reports, dashboard_figures, primary_currency
 from dashboard.periods import PERIODS, Period, resolve
 from dashboard.render import render, static_file
 from quota.usage import account_usage, month_of
-from reports.money import dumps
-from reports.params import InvalidReportParameter, utc_today
+from reports.money.amounts import dumps
 from reports.service import too_expensive
+from reports.shared.params import InvalidReportParameter, utc_today
 from storage.db import Database, ReadBudgetExceeded
-from storage.directory import Directory, InvalidArgument, SiteRecord
+from storage.directory import Directory, InvalidArgument, NotFound, SiteRecord
+from storage.maintenance import delete_site
+from storage.people import ROLES, People, SetupClosed
 from storage.reads import ReadPool, ReadsBusy
 from storage.shares import SharedLinks
 from storage.site_settings import SiteSettings
@@ -58,6 +60,11 @@ REVENUE_DIMENSIONS = ("channel", "source", "medium", "campaign", "term", "conten
 # which describes the JSON API; tests/test_openapi.py leaves exactly these out.
 PAGE_ROUTES = (
     ("GET", "/", "home"),
+    ("GET", "/setup/{token}", "setup"),
+    ("POST", "/setup/{token}", "setup"),
+    ("GET", "/invite/{token}", "invitation"),
+    ("POST", "/invite/{token}", "invitation"),
+    ("POST", "/sites", "site_add"),
     ("GET", "/login", "login"),
     ("POST", "/login", "login"),
     ("POST", "/logout", "logout"),
@@ -69,6 +76,15 @@ PAGE_ROUTES = (
     ("POST", "/sites/{site_id}/settings/keys/{key_id}/revoke", "key_revoke"),
     ("POST", "/sites/{site_id}/settings/hosts", "host_add"),
     ("POST", "/sites/{site_id}/settings/hosts/remove", "host_remove"),
+    ("POST", "/sites/{site_id}/settings/shares", "share_create"),
+    ("POST", "/sites/{site_id}/settings/shares/{link_id}/revoke", "share_revoke"),
+    ("GET", "/sites/{site_id}/install", "install"),
+    ("GET", "/sites/{site_id}/remove", "site_remove"),
+    ("POST", "/sites/{site_id}/remove", "site_remove"),
+    ("GET", "/accounts/{account_id}/people", "people"),
+    ("POST", "/accounts/{account_id}/invitations", "invite"),
+    ("POST", "/accounts/{account_id}/invitations/{invitation_id}/revoke", "invite_revoke"),
+    ("POST", "/accounts/{account_id}/members/{user_id}", "member"),
     ("GET", "/share/{token}", "share"),
     ("GET", "/share/{token}/live", "share_live"),
     ("GET", "/static/{digest}/{name:path}", "static"),
@@ -123,6 +139,7 @@ class Dashboard:
         self.users = Users(db, clock, random_bytes)
         self.shares = SharedLinks(db, clock, random_bytes)
         self.site_settings = SiteSettings(db)
+        self.people = People(db, clock, random_bytes)
 
     def add_routes(self, app: falcon.App) -> None:
         seen = set()
@@ -186,8 +203,10 @@ class Dashboard:
             _redirect(resp, "/login?" + urllib.parse.urlencode({"next": req.relative_uri}))
         return user
 
-    def _own_site(self, req, resp, site_id: str) -> tuple[SignedIn, SiteRecord] | None:
-        """The signed-in user and the site, or an answer already written (login or 404)."""
+    def _own_site(self, req, resp, site_id: str, *,
+                  manage: bool = False) -> tuple[SignedIn, SiteRecord] | None:
+        """The signed-in user and the site, or an answer already written (login, 404, or
+        403 when `manage` and the user's role there is viewer)."""
         user = self._signed_in_or_redirect(req, resp)
         if user is None:
             return None
@@ -197,7 +216,33 @@ class Dashboard:
             _html(resp, render("message.html", title="Not found", user=user,
                                message="There is no such site among yours."), 404)
             return None
+        if manage and not user.manages(site.account_id):
+            self._refuse_role(resp, user, f"/sites/{site_id}")
+            return None
         return user, site
+
+    def _refuse_role(self, resp, user: SignedIn, back: str = "/") -> None:
+        _html(resp, render("message.html", title="Not allowed", user=user, back=back,
+                           back_text="Back to the dashboard",
+                           message="Your role in this account lets you read its dashboards "
+                                   "only. An owner of the account can change that."), 403)
+
+    def _own_account(self, req, resp, account_id: str) -> tuple[SignedIn, dict] | None:
+        """The signed-in owner and the account (row_id, id, name), or the answer written:
+        404 when the user is not a member, 403 when not an owner."""
+        user = self._signed_in_or_redirect(req, resp)
+        if user is None:
+            return None
+        account = next((a for a in self.users.accounts_of(user.account_ids)
+                        if a["id"] == account_id), None)
+        if account is None:
+            _html(resp, render("message.html", title="Not found", user=user,
+                               message="There is no such account among yours."), 404)
+            return None
+        if user.role_in(account["row_id"]) != "owner":
+            self._refuse_role(resp, user)
+            return None
+        return user, account
 
     # sign-in -----------------------------------------------------------------
     def on_get_login(self, req, resp):
@@ -206,10 +251,15 @@ class Dashboard:
         self._login_page(resp, req.get_param("next") or "", "", None, 200)
 
     def _login_page(self, resp, next_path: str, email: str, error: str | None, status: int):
+        _html(resp, render("login.html", csrf=self._anonymous_csrf(resp), next=next_path,
+                           email=email, error=error), status)
+
+    def _anonymous_csrf(self, resp) -> str:
+        """The token of a form shown without a session (sign-in, setup, invitation), with
+        its cookie set."""
         nonce = f"{int(self.clock())}.{_token(self.random_bytes)}"
         self._cookie(resp, LOGIN_CSRF_COOKIE, nonce, LOGIN_CSRF_SECONDS)
-        _html(resp, render("login.html", csrf=self._login_csrf(nonce), next=next_path,
-                           email=email, error=error), status)
+        return self._login_csrf(nonce)
 
     def _login_csrf(self, nonce: str) -> str:
         """The sign-in form's token: an HMAC of its cookie's nonce under the installation's
@@ -263,12 +313,15 @@ class Dashboard:
         self.users.remember_address(user.id, address, now_ms - KNOWN_ADDRESS_DAYS * 86_400_000)
         if passwords.needs_rehash(user.password_hash):
             self.users.replace_hash(user.id, user.password_hash, passwords.HASHER.hash(password))
+        self._start_session(resp, user.id)
+        _redirect(resp, _local_path(next_path))
+
+    def _start_session(self, resp, user_id: int) -> None:
         token = _token(self.random_bytes)
-        self.users.start_session(user.id, _digest(token), _token(self.random_bytes),
+        self.users.start_session(user_id, _digest(token), _token(self.random_bytes),
                                  SESSION_SECONDS * 1000)
         self._cookie(resp, SESSION_COOKIE, token, SESSION_SECONDS)
         resp.unset_cookie(LOGIN_CSRF_COOKIE, path="/")
-        _redirect(resp, _local_path(next_path))
 
     def _locked_for(self, email: str, address: str, user, now_ms: int) -> int:
         """Milliseconds until this email may be tried from this address again; 0: now."""
@@ -296,6 +349,8 @@ class Dashboard:
 
     # pages -------------------------------------------------------------------
     def on_get_home(self, req, resp):
+        if self._session(req) is None and not self.people.has_users():
+            return _html(resp, render("welcome.html", user=None, title="Welcome"))
         user = self._signed_in_or_redirect(req, resp)
         if user is None:
             return
@@ -315,11 +370,20 @@ class Dashboard:
         try:
             self.reads.run(figures)
         except (ReadBudgetExceeded, ReadsBusy):
-            for site in sites:  # the list, without the figures there was no time for
-                site.setdefault("visitors", None)
-                site.setdefault("currency", None)
-                site.setdefault("net", None)
-        _html(resp, render("home.html", user=user, sites=sites, title="Your sites"))
+            pass  # the list, without the figures there was no time for
+        self._home_page(resp, user, sites)
+
+    def _home_page(self, resp, user: SignedIn, sites: list[dict], *, error: str | None = None,
+                   host: str = "", status: int = 200) -> None:
+        for site in sites:
+            for name in ("visitors", "currency", "net"):
+                site.setdefault(name, None)
+        accounts = [{**account, "role": user.role_in(account["row_id"])}
+                    for account in self.users.accounts_of(user.account_ids)]
+        _html(resp, render("home.html", user=user, sites=sites, title="Your sites",
+                           accounts=accounts, error=error, host=host,
+                           managed=[a for a in accounts if a["role"] in ("owner", "admin")]),
+              status)
 
     def _view(self, req, period_query: dict) -> tuple[Period | None, str | None]:
         try:
@@ -467,10 +531,10 @@ class Dashboard:
 
     # settings ----------------------------------------------------------------
     def _settings_page(self, req, resp, user, site, *, new_key: dict | None = None,
-                       error: str | None = None, status: int = 200):
+                       new_share: str | None = None, error: str | None = None,
+                       status: int = 200):
         last = self.site_settings.last_event(site.id)
-        origin = self.public_url or f"{req.scheme}://{req.host}" + (
-            f":{req.port}" if req.port not in (80, 443) else "")
+        origin = self._origin(req)
         usage = account_usage(self.db, site.account_public_id, month_of(self.clock()))
         body = render(
             "settings.html", user=user, site=site, base=f"/sites/{site.public_id}",
@@ -481,17 +545,36 @@ class Dashboard:
                 "name": last[1], "url": last[2]},
             hosts=sorted(site.hosts), keys=self.directory.list_keys(site.public_id),
             scopes=SCOPES, new_key=new_key, error=error, usage=usage,
+            shares=[link for link in self.shares.list(site.public_id) if not link["revoked"]],
+            new_share=new_share, welcome=req.get_param("welcome") == "1",
             title="Settings · " + (", ".join(sorted(site.hosts)) or site.public_id))
         _html(resp, body, status)
 
+    def _origin(self, req) -> str:
+        return self.public_url or f"{req.scheme}://{req.host}" + (
+            f":{req.port}" if req.port not in (80, 443) else "")
+
     def on_get_settings(self, req, resp, site_id):
-        own = self._own_site(req, resp, site_id)
+        own = self._own_site(req, resp, site_id, manage=True)
         if own is not None:
             self._settings_page(req, resp, *own)
 
+    def on_get_install(self, req, resp, site_id):
+        """The install check the settings page polls: whether any event is stored yet."""
+        user = self._session(req)
+        site = self.directory.find_site(site_id)
+        resp.content_type = "application/json"
+        resp.set_header("Cache-Control", "no-store")
+        if user is None or site is None or not user.manages(site.account_id):
+            resp.status = 404
+            resp.data = orjson.dumps({"install": None})
+            return
+        receiving = self.site_settings.has_events(site.id)
+        resp.data = orjson.dumps({"install": "receiving" if receiving else "waiting"})
+
     def _settings_post(self, req, resp, site_id):
         """(user, site, form) of a checked settings form, or None with the answer written."""
-        own = self._own_site(req, resp, site_id)
+        own = self._own_site(req, resp, site_id, manage=True)
         if own is None:
             return None
         form = self._form(req)
@@ -540,6 +623,224 @@ class Dashboard:
             return self._settings_page(req, resp, user, site, error=str(exc), status=400)
         _redirect(resp, f"/sites/{site_id}/settings#hosts")
 
+    def on_post_share_create(self, req, resp, site_id):
+        checked = self._settings_post(req, resp, site_id)
+        if checked is None:
+            return
+        user, site, form = checked
+        link = self.shares.create(site.public_id, self._field(form, "revenue") == "1")
+        self._settings_page(req, resp, user, site, status=201,
+                            new_share=f"{self._origin(req)}/share/{link['token']}")
+
+    def on_post_share_revoke(self, req, resp, site_id, link_id):
+        checked = self._settings_post(req, resp, site_id)
+        if checked is None:
+            return
+        user, site, _ = checked
+        if link_id not in {link["id"] for link in self.shares.list(site.public_id)}:
+            return _html(resp, render("message.html", title="Not found", user=user,
+                                      message="This site has no such shared link."), 404)
+        self.shares.revoke(link_id)
+        _redirect(resp, f"/sites/{site_id}/settings#shares")
+
+    # sites ---------------------------------------------------------------------
+    def on_post_site_add(self, req, resp):
+        user = self._signed_in_or_redirect(req, resp)
+        if user is None:
+            return
+        form = self._form(req)
+        if not self._csrf_ok(form, user.csrf_token):
+            return self._refuse_csrf(resp, user)
+        accounts = {a["id"]: a for a in self.users.accounts_of(user.account_ids)
+                    if user.manages(a["row_id"])}
+        if not accounts:
+            return self._refuse_role(resp, user)
+        chosen = self._field(form, "account") or next(iter(accounts))
+        if chosen not in accounts:
+            return _html(resp, render("message.html", title="Not found", user=user,
+                                      message="There is no such account among yours."), 404)
+        host = self._field(form, "host")
+        try:
+            site = self.directory.create_site(chosen, [host])
+        except InvalidArgument as exc:
+            return self._home_page(resp, user, self.users.sites_of(user.account_ids),
+                                   error=str(exc), host=host, status=400)
+        _redirect(resp, f"/sites/{site['id']}/settings?welcome=1")
+
+    def on_get_site_remove(self, req, resp, site_id):
+        own = self._own_site(req, resp, site_id, manage=True)
+        if own is not None:
+            self._remove_page(resp, *own)
+
+    def _remove_page(self, resp, user, site, error: str | None = None, status: int = 200):
+        _html(resp, render("remove_site.html", user=user, site=site, base=f"/sites/{site.public_id}",
+                           hosts=sorted(site.hosts), error=error,
+                           title="Remove · " + (", ".join(sorted(site.hosts)) or site.public_id)),
+              status)
+
+    def on_post_site_remove(self, req, resp, site_id):
+        checked = self._settings_post(req, resp, site_id)
+        if checked is None:
+            return
+        user, site, form = checked
+        typed = self._field(form, "confirm").strip().lower()
+        if typed not in site.hosts and typed != site.public_id:
+            return self._remove_page(resp, user, site, status=400,
+                                     error="Type the site's hostname exactly to confirm.")
+        delete_site(self.db, site.id)
+        _redirect(resp, "/")
+
+    # first run and invitations ----------------------------------------------------------
+    def on_get_setup(self, req, resp, token):
+        if not self._setup_open(resp, token):
+            return
+        self._setup_page(resp, token, {}, None, 200)
+
+    def _setup_open(self, resp, token: str) -> bool:
+        if len(token) <= 100 and self.people.setup_open(token):
+            return True
+        message = ("This installation is set up already: sign in." if self.people.has_users()
+                   else "This setup link has expired or is not valid. Run tally setup-link on "
+                        "the server for a new one.")
+        _html(resp, render("message.html", title="Setup link not valid", user=None,
+                           message=message, back="/login", back_text="Sign in"), 404)
+        return False
+
+    def _setup_page(self, resp, token: str, values: dict, error: str | None, status: int):
+        _html(resp, render("setup.html", user=None, title="Set up Tally", token=token,
+                           csrf=self._anonymous_csrf(resp), values=values, error=error), status)
+
+    def on_post_setup(self, req, resp, token):
+        form = self._form(req)
+        if not self._login_csrf_ok(req, form):
+            return self._refuse_csrf(resp)
+        if not self._setup_open(resp, token):
+            return
+        values = {name: self._field(form, name).strip() for name in ("email", "host", "account")}
+        password = self._field(form, "password")
+        try:
+            passwords.check_strength(password)
+            done = self.people.complete_setup(
+                token, email=values["email"], host=values["host"],
+                account_name=values["account"], password_hash=passwords.hash_password(password))
+        except (passwords.WeakPassword, InvalidArgument) as exc:
+            return self._setup_page(resp, token, values, _sentence(exc), 400)
+        except SetupClosed:
+            return self._setup_open(resp, "")
+        self._start_session(resp, done["user_id"])
+        _redirect(resp, f"/sites/{done['site']}/settings?welcome=1")
+
+    def on_get_invitation(self, req, resp, token):
+        invitation = self._invitation(resp, token)
+        if invitation is not None:
+            self._invitation_page(req, resp, token, invitation, "", None, 200)
+
+    def _invitation(self, resp, token: str):
+        invitation = self.people.find_invitation(token) if len(token) <= 100 else None
+        if invitation is None:
+            _html(resp, render("message.html", title="Invitation not valid", user=None,
+                               message="This invitation was used, revoked or has expired. Ask "
+                                       "the account's owner for a new link."), 404)
+        return invitation
+
+    def _invitation_page(self, req, resp, token, invitation, email, error, status):
+        user = self._session(req)
+        _html(resp, render("invitation.html", user=user, invitation=invitation, token=token,
+                           csrf=user.csrf_token if user else self._anonymous_csrf(resp),
+                           member=user is not None and invitation.account_id in user.account_ids,
+                           email=email, error=error, title="Invitation"), status)
+
+    def on_post_invitation(self, req, resp, token):
+        user = self._session(req)
+        form = self._form(req)
+        if not (self._csrf_ok(form, user.csrf_token) if user else self._login_csrf_ok(req, form)):
+            return self._refuse_csrf(resp, user)
+        invitation = self._invitation(resp, token)
+        if invitation is None:
+            return
+        if user is not None:
+            self.people.accept(token, user_id=user.user_id)
+            return _redirect(resp, "/")
+        email, password = self._field(form, "email").strip(), self._field(form, "password")
+        try:
+            passwords.check_strength(password)
+            accepted = self.people.accept(token, email=email,
+                                          password_hash=passwords.hash_password(password))
+        except (passwords.WeakPassword, InvalidArgument) as exc:
+            return self._invitation_page(req, resp, token, invitation, email, _sentence(exc), 400)
+        if accepted is None:
+            return self._invitation(resp, "")
+        self._start_session(resp, accepted[1])
+        _redirect(resp, "/")
+
+    # people of an account (owners) ----------------------------------------------------------
+    def on_get_people(self, req, resp, account_id):
+        own = self._own_account(req, resp, account_id)
+        if own is not None:
+            self._people_page(req, resp, *own)
+
+    def _people_page(self, req, resp, user, account, *, new_link: dict | None = None,
+                     error: str | None = None, status: int = 200):
+        _html(resp, render("people.html", user=user, account=account, roles=ROLES,
+                           members=self.people.members(account["row_id"]),
+                           invitations=self.people.pending(account["row_id"]),
+                           new_link=new_link, error=error,
+                           title="People · " + account["name"]), status)
+
+    def _account_post(self, req, resp, account_id):
+        own = self._own_account(req, resp, account_id)
+        if own is None:
+            return None
+        form = self._form(req)
+        if not self._csrf_ok(form, own[0].csrf_token):
+            self._refuse_csrf(resp, own[0])
+            return None
+        return own[0], own[1], form
+
+    def on_post_invite(self, req, resp, account_id):
+        checked = self._account_post(req, resp, account_id)
+        if checked is None:
+            return
+        user, account, form = checked
+        role = self._field(form, "role")
+        if role not in ROLES:
+            return self._people_page(req, resp, user, account, status=400,
+                                     error="Choose a role: owner, admin or viewer.")
+        invitation = self.people.invite(account["row_id"], role, user.user_id)
+        link = {**invitation, "url": f"{self._origin(req)}/invite/{invitation['token']}"}
+        self._people_page(req, resp, user, account, new_link=link, status=201)
+
+    def on_post_invite_revoke(self, req, resp, account_id, invitation_id):
+        checked = self._account_post(req, resp, account_id)
+        if checked is None:
+            return
+        user, account, _ = checked
+        if not self.people.revoke_invitation(account["row_id"], invitation_id):
+            return _html(resp, render("message.html", title="Not found", user=user,
+                                      message="This account has no such open invitation."), 404)
+        _redirect(resp, f"/accounts/{account_id}/people#invitations")
+
+    def on_post_member(self, req, resp, account_id, user_id):
+        """A member's new role (field role), or their removal (field role = remove)."""
+        checked = self._account_post(req, resp, account_id)
+        if checked is None:
+            return
+        user, account, form = checked
+        role = self._field(form, "role")
+        try:
+            if role == "remove":
+                self.people.remove_member(account["row_id"], user_id)
+            else:
+                self.people.set_role(account["row_id"], user_id, role)
+        except NotFound:
+            return _html(resp, render("message.html", title="Not found", user=user,
+                                      message="This account has no such member."), 404)
+        except InvalidArgument as exc:
+            return self._people_page(req, resp, user, account, error=_sentence(exc), status=400)
+        after = self._session(req)  # an owner may have demoted or removed themselves
+        still_owner = after is not None and after.role_in(account["row_id"]) == "owner"
+        _redirect(resp, f"/accounts/{account_id}/people#members" if still_owner else "/")
+
     # static files ------------------------------------------------------------
     def on_get_static(self, req, resp, digest, name):
         try:
@@ -554,6 +855,11 @@ class Dashboard:
         resp.content_type = kind
         resp.set_header("X-Content-Type-Options", "nosniff")
         resp.data = data
+
+
+def _sentence(exc: Exception) -> str:
+    text = str(exc)
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
 
 def _chart_json(figures: dict, revenue: bool) -> str | None:

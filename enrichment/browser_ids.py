@@ -14,12 +14,12 @@ share one ip+ua on one day, the one seen latest wins.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
 
 from enrichment.visitor import utc_day
 from storage import browser_ids as store
 from storage.browser_ids import browser_visitor_id, is_browser_id
+from storage.connection import Connection
 from storage.db import Database
 
 __all__ = ["BrowserIds", "BrowserVisitors", "browser_visitor_id", "is_browser_id"]
@@ -35,25 +35,25 @@ class BrowserIds:
         self.random_bytes = random_bytes
         self._key: bytes | None = None
 
-    def key(self, conn: sqlite3.Connection) -> bytes:
+    def key(self, conn: Connection) -> bytes:
         if self._key is None:
             self._key = store.browser_id_key(conn, self.random_bytes, int(self.clock() * 1000),
                                              self.db)
         return self._key
 
-    def visitor_id(self, conn: sqlite3.Connection, site_id: int, browser_id: str) -> int:
+    def visitor_id(self, conn: Connection, site_id: int, browser_id: str) -> int:
         return browser_visitor_id(self.key(conn), site_id, browser_id)
 
 
 class BrowserVisitors:
     """The flush step that stores events under browser visitor ids; runs in the flush
-    transaction before sessions are assigned (api/events.build_events wires it)."""
+    transaction before sessions are assigned (app.build_flusher wires it)."""
 
     def __init__(self, ids: BrowserIds):
         self.ids = ids
         self._pruned_on: int | None = None
 
-    def apply(self, conn: sqlite3.Connection, batch) -> None:
+    def apply(self, conn: Connection, batch) -> None:
         """batch: an enrichment.enricher.EventBatch (rows aligned with the units' events);
         rows whose visitor changes are replaced in batch.rows."""
         self._prune(conn)
@@ -88,7 +88,7 @@ class BrowserVisitors:
         store.write_links(conn, [(site_id, daily, visitor, day, seen)
                                  for (site_id, daily), (visitor, day, seen) in links.items()])
 
-    def _prune(self, conn: sqlite3.Connection) -> None:
+    def _prune(self, conn: Connection) -> None:
         today = utc_day(int(self.ids.clock() * 1000))
         if self._pruned_on != today:
             store.prune_links(conn, today - 1)

@@ -9,7 +9,6 @@ under the previous day's salt inside the flush transaction.
 from __future__ import annotations
 
 import socket
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -20,6 +19,7 @@ from enrichment.agents import AgentParser, warm_up
 from enrichment.memo import Memo
 from enrichment.urls import campaign, pathname, url_host
 from enrichment.visitor import VisitorSalts, hashed_visitor_id, visitor_hasher
+from storage.connection import Connection
 from storage.db import Database
 from storage.events import EventRow, new_event_row
 from storage.salts import read_salt
@@ -87,11 +87,11 @@ class Enricher:
     def warm_up(self) -> None:
         warm_up()
 
-    def prune(self, conn: sqlite3.Connection) -> None:
+    def prune(self, conn: Connection) -> None:
         if self.salts.prune(conn):
             self._hashers.clear()
 
-    def _hasher(self, conn: sqlite3.Connection, day: int, site_id: int):
+    def _hasher(self, conn: Connection, day: int, site_id: int):
         hasher = self._hashers.get((day, site_id))
         if hasher is None:
             if len(self._hashers) >= self._cache_entries:
@@ -100,7 +100,7 @@ class Enricher:
             self._hashers[(day, site_id)] = hasher
         return hasher
 
-    def build(self, conn: sqlite3.Connection, units: list[Unit]) -> EventBatch:
+    def build(self, conn: Connection, units: list[Unit]) -> EventBatch:
         rows: list[EventRow] = []
         usage: dict[tuple[int, str], int] = {}
         anonymous_usage: dict[tuple[int, str], int] = {}
@@ -148,7 +148,7 @@ class Enricher:
                           anonymous_usage=anonymous_usage)
 
 
-def previous_visitor_ids(conn: sqlite3.Connection, batch: EventBatch) -> list[int | None]:
+def previous_visitor_ids(conn: Connection, batch: EventBatch) -> list[int | None]:
     """Each row's visitor id under the salt of the day before its receipt day (None where
     not needed or that salt is gone), read in the flush transaction. A salt not stored is
     never created here: no visit can have been recorded under it."""

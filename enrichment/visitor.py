@@ -10,9 +10,9 @@ is never stored.
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from collections.abc import Callable
 
+from storage.connection import Connection
 from storage.db import Database
 from storage.salts import delete_salts_before, insert_salt, read_salt
 from vocabulary import DAY_MS
@@ -53,7 +53,7 @@ class VisitorSalts:
         self._salts: dict[int, bytes] = {}
         self._pruned_on: int | None = None
 
-    def salt(self, conn: sqlite3.Connection, day: int) -> bytes:
+    def salt(self, conn: Connection, day: int) -> bytes:
         salt = self._salts.get(day)
         if salt is None:
             salt = read_salt(conn, day)
@@ -64,7 +64,7 @@ class VisitorSalts:
             self._salts[day] = salt
         return salt
 
-    def prune(self, conn: sqlite3.Connection) -> bool:
+    def prune(self, conn: Connection) -> bool:
         """Forget salts of days before yesterday, once per UTC day of the clock; True if run."""
         today = utc_day(int(self.clock() * 1000))
         if self._pruned_on == today:

@@ -1,8 +1,8 @@
 """The thread that drains one worker's EventQueue into the database.
 
-Every TALLY_FLUSH_INTERVAL seconds (sooner when half the queue is waiting, or when
-asked), it swaps the waiting units out under the queue's lock, enriches them and writes
-them with its own connection: one executemany in one transaction, through
+Every TALLY_FLUSH_INTERVAL seconds (sooner when a quarter of the queue is waiting, its
+flush_at, or when asked), it swaps the waiting units out under the queue's lock, enriches
+them and writes them with its own connection: one executemany in one transaction, through
 `write(conn, batch)`. When the database is locked or failing it keeps the batch and
 retries with backoff; the queue then fills and requests get 503. On a full disk it stores
 the batch in smaller parts, as many as fit, and waits for space for the rest. Any other failure
@@ -26,6 +26,7 @@ from ingest.pipeline import enrich, write_batch
 from ingest.queue import Accepted, EventQueue
 from quota.usage import counted_events
 from storage import deadletters
+from storage.connection import Connection
 from storage.db import (
     Database,
     StorageBusy,
@@ -59,7 +60,7 @@ class Flusher:
         *,
         interval: float,
         quota=None,
-        write: Callable[[sqlite3.Connection, EventBatch], None] = write_batch,
+        write: Callable[[Connection, EventBatch], None] = write_batch,
         busy_timeout_ms: int = 1_000,
         backoff: tuple[float, float] = (0.05, 1.0),
         clock: Callable[[], float] = time.time,
@@ -76,7 +77,7 @@ class Flusher:
         self.stored_events = 0
         self.set_aside_events = 0  # stored in dead_letters instead of events
         self.clock = clock
-        self._conn: sqlite3.Connection | None = None
+        self._conn: Connection | None = None
         self._thread: threading.Thread | None = None
         self._pid: int | None = None
         self._started_after_fork = -1  # _forks when start() ran
@@ -238,24 +239,25 @@ class Flusher:
             log.error("flush: stored %d events, set aside %d that cannot be stored"
                       " (tally deadletter list)", stored, set_aside)
 
-    def _write(self, conn: sqlite3.Connection, units: list[Accepted]) -> int:
+    def _write(self, conn: Connection, units: list[Accepted]) -> int:
         batch = enrich(self.enricher, conn, units)
         self._commit(conn, batch)
         return len(batch.rows)
 
-    def _set_aside(self, conn: sqlite3.Connection, units: list[Accepted], reason: str) -> None:
+    def _set_aside(self, conn: Connection, units: list[Accepted], reason: str) -> None:
         (unit,) = units
         (event,) = unit.events
         with self.db.transaction(conn):
             deadletters.set_aside(conn, [(unit.site_id, unit.account_id, unit.month, reason,
                                           deadletters.event_json(event))],
                                   int(self.clock() * 1000))
+        metrics.events_dead_lettered(1)
         log.error("set aside an event of site %d that cannot be stored: %s", unit.site_id, reason)
         if self.quota is not None and unit.counted:
             self.quota.release((unit.account_id, unit.month), unit.counted,
                                unit.counted if unit.anonymous else 0)
 
-    def _commit(self, conn: sqlite3.Connection, batch: EventBatch) -> None:
+    def _commit(self, conn: Connection, batch: EventBatch) -> None:
         quota = self.quota
         if quota is not None:
             quota.begin_commit()
@@ -272,7 +274,7 @@ class Flusher:
             quota.end_commit(batch.usage, batch.usage_totals, batch.anonymous_usage,
                              batch.anonymous_totals)
 
-    def _connection(self) -> sqlite3.Connection:
+    def _connection(self) -> Connection:
         # A PostgreSQL connection the server dropped is closed; a new one is made.
         if self._conn is None or getattr(self._conn, "closed", False):
             self._conn = self.db.connect(busy_timeout_ms=self.busy_timeout_ms)

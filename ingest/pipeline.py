@@ -4,9 +4,9 @@
       enrich                -> EventBatch: rows: list[EventRow], usage, the rows that
                                reach back a day       (enrichment.enricher; no transaction)
       --- BEGIN IMMEDIATE ---
-      previous_visitor_ids  -> yesterday's visitor id per row  (enrichment.enricher)
       browser visitors      -> script events (and their ip+ua's other events) under the
                                browser's visitor id   (enrichment.browser_ids)
+      previous_visitor_ids  -> yesterday's visitor id per row  (enrichment.enricher)
       assign_sessions       -> a session id per row   (attribution.flush: sessions, visitor
                                                         links, $identify links)
       insert_events         -> events                 (storage.events)
@@ -21,23 +21,23 @@ or not at all.
 from __future__ import annotations
 
 import gc
-import sqlite3
 from contextlib import contextmanager
 
 from attribution.flush import assign_sessions
 from enrichment.browser_ids import BrowserVisitors
 from enrichment.enricher import Enricher, EventBatch, previous_visitor_ids
 from ingest.queue import Accepted
+from storage.connection import Connection
 from storage.events import insert_events
 from storage.usage import add_usage
 
 
-def enrich(enricher: Enricher, conn: sqlite3.Connection, units: list[Accepted]) -> EventBatch:
+def enrich(enricher: Enricher, conn: Connection, units: list[Accepted]) -> EventBatch:
     with collector_paused():
         return enricher.build(conn, units)
 
 
-def write_batch(conn: sqlite3.Connection, batch: EventBatch,
+def write_batch(conn: Connection, batch: EventBatch,
                 browser_visitors: BrowserVisitors | None = None) -> None:
     """The steps after enrich, in the caller's transaction; fills batch.usage_totals."""
     with collector_paused():

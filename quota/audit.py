@@ -10,7 +10,6 @@ traffic does not straddle a month change).
 
 from __future__ import annotations
 
-import sqlite3
 from collections import defaultdict
 
 from storage.check import (
@@ -19,10 +18,11 @@ from storage.check import (
     events_by_month,
     usage_by_month,
 )
+from storage.connection import Connection
 from vocabulary import TS_FUTURE_MS, TS_PAST_MS, UNCOUNTED_EVENTS
 
 
-def usage_mismatches(conn: sqlite3.Connection) -> tuple[list[dict], int]:
+def usage_mismatches(conn: Connection) -> tuple[list[dict], int]:
     """(mismatches, account-months checked) between monthly_usage and the stored events."""
     stored: dict[tuple[int, str], int] = {}
     may_leave_early: dict[tuple[int, str], int] = {}  # could be counted in the month before

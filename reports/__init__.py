@@ -1,6 +1,12 @@
-"""Reports: revenue by first-touch channel, MRR and its movements, traffic statistics.
+"""Reports: traffic statistics, revenue by first touch, MRR and its movements.
 
-`revenue`, `mrr` and `traffic` are pure: they take plain rows and return plain dicts, so
-every figure can be checked by hand. The SQL that feeds them lives in `reports.queries`
-and, for traffic counted per day, `reports.days`; `service` is the one entry point.
+`service` is the one entry point: it checks a report's parameters and runs it through
+`assembly`, which puts each report together from the packages below it:
+- `traffic`: the figures of traffic (pure) and the realtime view with its SQL;
+- `money`: exact money, revenue, MRR and its movements (pure), and their SQL;
+- `days`: traffic counted per UTC day and stored once a day is final, and its SQL;
+- `segments`: filters and goals, and filtered traffic per day, stored like `days`;
+- `shared`: the parameters every report takes, and CSV and text output.
+`timeseries` gives the figures of each time bucket and the changes of a comparison.
+SQL is written only in each package's `queries` module (and in storage/).
 """

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from reports import segmented
-from reports.filters import parse_compare, parse_filters, parse_goal
-from reports.money import exact_decimals
-from reports.params import (
+from reports import assembly
+from reports.money.amounts import exact_decimals
+from reports.money.revenue_by import REVENUE_DIMENSIONS
+from reports.segments.filters import parse_compare, parse_filters, parse_goal
+from reports.shared.params import (
     check_known,
     parse_at,
     parse_choice,
@@ -20,7 +21,6 @@ from reports.params import (
     parse_limit,
     utc_today,
 )
-from reports.revenue_by import REVENUE_DIMENSIONS
 from reports.timeseries import parse_interval
 from storage.db import Database
 
@@ -33,24 +33,24 @@ def _revenue(db: Database, site_id: int, params: Params, now: float, stores: boo
     period = parse_date_range(params, utc_today(now))
     by = parse_choice(params, "by", REVENUE_DIMENSIONS, "channel")
     query, compare = _query(db, site_id, params, now, stores, goal=False), parse_compare(params)
-    return segmented.with_comparison(lambda p: segmented.revenue(query, p, by), period, compare)
+    return assembly.with_comparison(lambda p: assembly.revenue(query, p, by), period, compare)
 
 
 def _mrr(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
     check_known(params, ("at", "filters"))
     at = parse_at(params, utc_today(now))
-    return segmented.mrr(_query(db, site_id, params, now, stores, goal=False), at)
+    return assembly.mrr(_query(db, site_id, params, now, stores, goal=False), at)
 
 
 def _movements(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
     check_known(params, (*RANGE, "filters"))
     period = parse_date_range(params, utc_today(now))
-    return segmented.movements(_query(db, site_id, params, now, stores, goal=False), period)
+    return assembly.movements(_query(db, site_id, params, now, stores, goal=False), period)
 
 
 def _query(db: Database, site_id: int, params: Params, now: float, stores: bool,
-           goal: bool = True) -> segmented.Query:
-    return segmented.Query(db, site_id, int(now * 1000), parse_filters(params),
+           goal: bool = True) -> assembly.Query:
+    return assembly.Query(db, site_id, int(now * 1000), parse_filters(params),
                            parse_goal(params) if goal else None, stores_segments=stores)
 
 
@@ -58,15 +58,15 @@ def _aggregate(db: Database, site_id: int, params: Params, now: float, stores: b
     check_known(params, (*RANGE, "filters", "goal", "compare"))
     period = parse_date_range(params, utc_today(now))
     query, compare = _query(db, site_id, params, now, stores), parse_compare(params)
-    return segmented.with_comparison(
-        lambda p: segmented.aggregate_figures(query, p), period, compare)
+    return assembly.with_comparison(
+        lambda p: assembly.aggregate_figures(query, p), period, compare)
 
 
 def _breakdown(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
     check_known(params, ("by", "limit", *RANGE, "filters", "goal"))
     by, limit = parse_dimension(params), parse_limit(params)
     period = parse_date_range(params, utc_today(now))
-    return segmented.breakdown(_query(db, site_id, params, now, stores), period, by, limit)
+    return assembly.breakdown(_query(db, site_id, params, now, stores), period, by, limit)
 
 
 def _timeseries(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
@@ -74,20 +74,20 @@ def _timeseries(db: Database, site_id: int, params: Params, now: float, stores: 
     period = parse_date_range(params, utc_today(now))
     interval = parse_interval(params, period)
     query, compare = _query(db, site_id, params, now, stores), parse_compare(params)
-    return segmented.timeseries_compared(query, period, interval, compare)
+    return assembly.timeseries_compared(query, period, interval, compare)
 
 
 def _goals(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
     check_known(params, (*RANGE, "filters", "limit"))
     period = parse_date_range(params, utc_today(now))
     query = _query(db, site_id, params, now, stores, goal=False)
-    return segmented.goals(query, period, parse_limit(params))
+    return assembly.goals(query, period, parse_limit(params))
 
 
 def _realtime(db: Database, site_id: int, params: Params, now: float,
               max_delay_seconds: float) -> dict:
     check_known(params, ())
-    return segmented.realtime(db, site_id, int(now * 1000), max_delay_seconds)
+    return assembly.realtime(db, site_id, int(now * 1000), max_delay_seconds)
 
 
 def too_expensive(seconds: float) -> str:
@@ -116,7 +116,7 @@ def run_report(name: str, db: Database, site_id: int, params: Params, now: float
     unknown or bad. `max_delay_seconds` (the flush interval: how late stored events can
     be) is shown by the realtime report. `stores_segments`: False for an anonymous viewer
     (a shared link), whose filters are counted live or read from segments already stored,
-    never stored anew (reports.segments). Decimal arithmetic in any report is exact or
+    never stored anew (reports.segments.segment_days). Decimal arithmetic in any report is exact or
     raises, whatever the thread's default context (which would round at 28 digits)."""
     with exact_decimals():
         if name == "realtime":

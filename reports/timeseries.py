@@ -14,10 +14,11 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import NamedTuple
 
-from reports.money import exact_decimals, round_half_up, round_money
-from reports.params import DateRange, InvalidReportParameter, day_start_ms
-from reports.segment_queries import SegmentTotals
-from reports.traffic import SessionTotals, traffic_aggregate
+from reports.money.amounts import exact_decimals, ratio, round_half_up, round_money
+from reports.money.revenue import RevenuePayment
+from reports.segments.queries import SegmentTotals
+from reports.shared.params import DateRange, InvalidReportParameter, day_start_ms
+from reports.traffic.figures import SessionTotals, traffic_aggregate
 
 INTERVALS = ("hour", "day", "week", "month")
 HOUR_MS = 3_600_000
@@ -82,11 +83,6 @@ def sum_totals(parts: Iterable[SegmentTotals | SessionTotals]) -> SegmentTotals:
     return SegmentTotals(*sums)
 
 
-def ratio(part: int, whole: int) -> float:
-    """part / whole rounded half up to four decimals; 0 when whole is 0."""
-    return round_half_up(Fraction(part, whole) * 10_000) / 10_000 if whole else 0.0
-
-
 def traffic_figures(totals: SegmentTotals, with_goal: bool) -> dict:
     """The aggregate's figures, plus with a goal `conversions` (visitors with a goal
     event), `conversion_rate` (their share of visitors) and `goal_events`."""
@@ -99,17 +95,6 @@ def traffic_figures(totals: SegmentTotals, with_goal: bool) -> dict:
 def goal_figures(conversions: int, visitors: int, goal_events: int) -> dict:
     return {"conversions": conversions, "conversion_rate": ratio(conversions, visitors),
             "goal_events": goal_events}
-
-
-class RevenuePayment(NamedTuple):
-    """`count` succeeded payments alike, dated at `at_ms`'s bucket."""
-
-    customer_id: str
-    kind: str
-    currency: str
-    amount: Decimal
-    at_ms: int
-    count: int = 1
 
 
 def revenue_per_bucket(bucket_list: list[Bucket], payments: Iterable[RevenuePayment],

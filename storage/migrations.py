@@ -7,7 +7,7 @@ Version 9: subscription_observations.payment_id and subscriptions.payment_id bec
 optional (a subscription state known without a payment) and observations gained
 event_id. The old tables are renamed aside with their indexes dropped, schema.sql
 creates the new ones, and the rows are copied over. Versions 14 and 15 move tables the
-same way; version 16 adds a column (below).
+same way; versions 16 and 19 add columns (below).
 """
 
 from __future__ import annotations
@@ -50,7 +50,15 @@ _ADDED_IN_16 = {
 }
 
 
+# Version 19: user_accounts.role; every member before it could do everything, an owner.
+_ROLE_ADDED_IN_19 = ("ALTER TABLE user_accounts ADD COLUMN role TEXT NOT NULL DEFAULT 'owner'"
+                     " CHECK (role IN ('owner', 'admin', 'viewer'))")
+
+
 def before_script(conn: sqlite3.Connection, version: int) -> None:
+    if 0 < version < 19 and _exists(conn, "user_accounts") \
+            and not _has_column(conn, "user_accounts", "role"):
+        conn.execute(_ROLE_ADDED_IN_19)
     if 0 < version < 16:
         for table, statement in _ADDED_IN_16.items():
             if _exists(conn, table) and not _has_column(conn, table, "anonymous"):
@@ -128,6 +136,8 @@ POSTGRES_STEPS: dict[int, tuple[str, ...]] = {
     16: ("ALTER TABLE events ADD COLUMN IF NOT EXISTS anonymous BIGINT CHECK (anonymous = 1)",
          "ALTER TABLE monthly_usage ADD COLUMN IF NOT EXISTS anonymous BIGINT NOT NULL DEFAULT 0"
          " CHECK (anonymous >= 0)"),
+    19: ("ALTER TABLE user_accounts ADD COLUMN IF NOT EXISTS role TEXT NOT NULL DEFAULT 'owner'"
+         " CHECK (role IN ('owner', 'admin', 'viewer'))",),
 }
 
 

@@ -26,6 +26,11 @@ class SiteSettings:
             conn.execute("DELETE FROM site_hosts WHERE site_id = ? AND host = ?",
                          (site_id, host))
 
+    def has_events(self, site_id: int) -> bool:
+        """Whether any event of the site is stored (the install check: one index probe)."""
+        return self.db.conn().execute("SELECT 1 FROM events WHERE site_id = ? LIMIT 1",
+                                      (site_id,)).fetchone() is not None
+
     def last_event(self, site_id: int) -> tuple[int, str, str] | None:
         """(unix ms, event name, URL) of the site's latest stored event (of those at the
         same instant, the last stored, whatever order a restored copy keeps its rows in)."""

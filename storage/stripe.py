@@ -16,14 +16,6 @@ from decimal import Decimal
 
 import orjson
 
-from integrations.stripe.mapping import (
-    CustomerWrite,
-    InvoicePayment,
-    Mapped,
-    PaymentWrite,
-    SubscriptionWrite,
-    Version,
-)
 from storage.db import Database
 from storage.payments import (
     SUBSCRIPTION_STATE,
@@ -33,6 +25,14 @@ from storage.payments import (
     write_customer,
 )
 from validation.payment import Customer, Instant, Payment, Subscription
+from validation.stripe import (
+    CustomerWrite,
+    InvoicePayment,
+    Mapped,
+    PaymentWrite,
+    SubscriptionWrite,
+    Version,
+)
 
 _STATE_COLUMNS = ", ".join(SUBSCRIPTION_STATE)
 _STATE_MARKS = ", ".join("?" for _ in SUBSCRIPTION_STATE)

@@ -29,13 +29,30 @@ class UserRecord:
 
 @dataclass(frozen=True)
 class SignedIn:
-    """A live sign-in session: who, which accounts (integer ids), and its CSRF token."""
+    """A live sign-in session: who, which accounts (integer ids) with the role in each
+    (owner, admin, viewer: storage/people.py), and its CSRF token."""
 
     user_id: int
     email: str
     account_ids: frozenset[int]
     csrf_token: str
     expires_at: int
+    roles: tuple[tuple[int, str], ...] = ()
+
+    def role_in(self, account_id: int) -> str | None:
+        return dict(self.roles).get(account_id)
+
+    def manages(self, account_id: int) -> bool:
+        """May change the account's sites, hostnames, keys and shared links."""
+        return self.role_in(account_id) in ("owner", "admin")
+
+    @property
+    def owns_any(self) -> bool:
+        return any(role == "owner" for _, role in self.roles)
+
+    @property
+    def manages_any(self) -> bool:
+        return any(role in ("owner", "admin") for _, role in self.roles)
 
 
 @dataclass(frozen=True)
@@ -65,7 +82,8 @@ class Users:
         return int(self.clock() * 1000)
 
     # users -----------------------------------------------------------------
-    def create_user(self, email: str, password_hash: str, account_ids: Iterable[str]) -> dict:
+    def create_user(self, email: str, password_hash: str, account_ids: Iterable[str],
+                    role: str = "owner") -> dict:
         email = normalize_email(email)
         accounts = sorted(set(account_ids))
         if not accounts:
@@ -85,8 +103,9 @@ class Users:
                 "INSERT INTO users (public_id, email, password_hash, created_at)"
                 " VALUES (?, ?, ?, ?) RETURNING id",
                 (public_id, email, password_hash, self._now_ms())).fetchone()[0]
-            conn.executemany("INSERT INTO user_accounts (user_id, account_id) VALUES (?, ?)",
-                             [(user_id, account_id) for account_id in ids])
+            conn.executemany(
+                "INSERT INTO user_accounts (user_id, account_id, role) VALUES (?, ?, ?)",
+                [(user_id, account_id, role) for account_id in ids])
         return {"id": public_id, "email": email, "accounts": accounts}
 
     def list_users(self) -> list[dict]:
@@ -94,10 +113,13 @@ class Users:
         users = conn.execute("SELECT id, public_id, email, created_at FROM users ORDER BY id")
         result = []
         for user_id, public_id, email, created_at in users.fetchall():
-            accounts = [r[0] for r in conn.execute(
-                "SELECT a.public_id FROM user_accounts ua JOIN accounts a ON a.id = ua.account_id"
-                " WHERE ua.user_id = ? ORDER BY a.public_id", (user_id,))]
-            result.append({"id": public_id, "email": email, "accounts": accounts,
+            memberships = conn.execute(
+                "SELECT a.public_id, ua.role FROM user_accounts ua"
+                " JOIN accounts a ON a.id = ua.account_id"
+                " WHERE ua.user_id = ? ORDER BY a.public_id", (user_id,)).fetchall()
+            result.append({"id": public_id, "email": email,
+                           "accounts": [account for account, _ in memberships],
+                           "roles": {account: role for account, role in memberships},
                            "created_at": _iso(created_at)})
         return result
 
@@ -159,9 +181,10 @@ class Users:
             (id_hash, self._now_ms())).fetchone()
         if row is None:
             return None
-        accounts = frozenset(r[0] for r in conn.execute(
-            "SELECT account_id FROM user_accounts WHERE user_id = ?", (row[0],)))
-        return SignedIn(row[0], row[1], accounts, row[2], row[3])
+        roles = tuple((r[0], r[1]) for r in conn.execute(
+            "SELECT account_id, role FROM user_accounts WHERE user_id = ? ORDER BY account_id",
+            (row[0],)))
+        return SignedIn(row[0], row[1], frozenset(a for a, _ in roles), row[2], row[3], roles)
 
     def end_session(self, id_hash: bytes) -> None:
         with self.db.transaction() as conn:
@@ -172,14 +195,22 @@ class Users:
         conn = self.db.conn()
         wanted = sorted(set(account_ids))
         rows = conn.execute(
-            "SELECT s.id, s.public_id, a.public_id, a.name FROM sites s"
+            "SELECT s.id, s.public_id, a.public_id, a.name, a.id FROM sites s"
             " JOIN accounts a ON a.id = s.account_id"
             " WHERE s.account_id IN (SELECT value FROM json_each(?)) ORDER BY s.id",
             (_json_list(wanted),)).fetchall()
         return [{"row_id": site_id, "id": public_id, "account": account, "account_name": name,
+                 "account_row_id": account_row_id,
                  "hosts": [r[0] for r in conn.execute(
                      "SELECT host FROM site_hosts WHERE site_id = ? ORDER BY host", (site_id,))]}
-                for site_id, public_id, account, name in rows]
+                for site_id, public_id, account, name, account_row_id in rows]
+
+    def accounts_of(self, account_ids: Iterable[int]) -> list[dict]:
+        """These accounts' row id, public id and name, by name."""
+        rows = self.db.conn().execute(
+            "SELECT id, public_id, name FROM accounts WHERE id IN (SELECT value FROM json_each(?))"
+            " ORDER BY name, id", (_json_list(sorted(set(account_ids))),))
+        return [{"row_id": r[0], "id": r[1], "name": r[2]} for r in rows]
 
     # failed sign-ins ---------------------------------------------------------
     def record_failure(self, email: str, address: str) -> None:

@@ -271,7 +271,7 @@ def page_paths(site: str, first: str, last: str) -> list[str]:
             f"/sites/{site}?{period}&filters={quote(FILTERS[0], safe='')}",
             f"/sites/{site}?{period}&goal=Signup", f"/sites/{site}/revenue",
             f"/sites/{site}/revenue?{period}&by=plan", f"/sites/{site}/live",
-            f"/sites/{site}/settings", "/"]
+            f"/sites/{site}/settings", f"/sites/{site}/install", f"/sites/{site}/remove", "/"]
 
 
 def share_paths(token: str, first: str, last: str) -> list[str]:

@@ -2,26 +2,26 @@
 tests/test_reports_bounded.py compares today's with: one statement per bucket, and a `~`
 filter tested on each row with instr/lower over its values.
 
-The same figures must come out of reports.segment_queries (filters matched against the
+The same figures must come out of reports.segments.queries (filters matched against the
 stored values once, many buckets per statement) for any data and filters.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from typing import NamedTuple
 
 import orjson
 
-from reports.filters import Filter, Goal
-from reports.params import DAY_MS
-from reports.segment_queries import SegmentCount, SegmentTotals
+from reports.segments.filters import Filter, Goal
+from reports.segments.queries import SegmentCount, SegmentTotals
+from reports.shared.params import DAY_MS
+from storage.connection import Connection
 
 SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source", "medium": "s.utm_medium",
                    "campaign": "s.utm_campaign", "entry_page": "s.entry_path"}
 EVENT_COLUMNS = {"page": "e.pathname", "hostname": "e.hostname", "country": "e.country",
                  "device": "e.device", "browser": "e.browser", "os": "e.os", "event": "e.name"}
-# Breakdown dimensions (reports.days.DIMENSIONS) and their columns.
+# Breakdown dimensions (reports.days.queries.DIMENSIONS) and their columns.
 BREAKDOWN_SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source",
                              "entry_page": "s.entry_path", "medium": "s.utm_medium",
                              "campaign": "s.utm_campaign", "term": "s.utm_term",
@@ -107,7 +107,7 @@ class Segment:
     def _goal_params(self, site_id: int, t0: int, t1: int) -> tuple:
         return (site_id, t0, t1 + DAY_MS, self.goal.name) if self.goal else ()
 
-    def totals(self, conn: sqlite3.Connection, site_id: int, t0: int, t1: int) -> SegmentTotals:
+    def totals(self, conn: Connection, site_id: int, t0: int, t1: int) -> SegmentTotals:
         # With session filters only, the segment's events are its sessions' (the counts each
         # session keeps): one read of the sessions instead of a join per event.
         by_sessions = self.needs_session_join and not self.event_where.sql
@@ -135,7 +135,7 @@ class Segment:
         return SegmentTotals(visitors, pageviews, sessions, events, bounces, duration,
                              conversions, goal_events)
 
-    def values(self, conn: sqlite3.Connection, site_id: int, t0: int, t1: int,
+    def values(self, conn: Connection, site_id: int, t0: int, t1: int,
                by: str) -> list[SegmentCount]:
         if by in BREAKDOWN_SESSION_COLUMNS:
             column = BREAKDOWN_SESSION_COLUMNS[by]

@@ -10,7 +10,6 @@ SessionWriter and ingest.pipeline.write_batch and requires the same ids and rows
 
 from __future__ import annotations
 
-import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from attribution.sessions import (
     hosts_of_site,
 )
 from enrichment.visitor import visitor_id
+from storage.connection import Connection
 from storage.events import EVENT_COLUMNS
 from storage.usage import ADD_USAGE
 
@@ -88,10 +88,10 @@ _UPDATE_LANDING = (
 class ReferenceSessionWriter:
     """Assigns hits to sessions and records identity links on a connection in a transaction."""
 
-    def __init__(self, site_hosts: Callable[[sqlite3.Connection, int], Collection[str]]):
+    def __init__(self, site_hosts: Callable[[Connection, int], Collection[str]]):
         self._site_hosts = site_hosts
 
-    def record(self, conn: sqlite3.Connection, hits: Sequence[Hit]) -> list[int | None]:
+    def record(self, conn: Connection, hits: Sequence[Hit]) -> list[int | None]:
         """The session id of each hit (None for $identify and hits without a visitor)."""
         session_ids: list[int | None] = [None] * len(hits)
         groups: dict[tuple[int, str], list[int]] = defaultdict(list)
@@ -140,7 +140,7 @@ class ReferenceSessionWriter:
             _save(conn, hits[ordered[0]].site_id, current)
 
     @staticmethod
-    def _link_identities(conn: sqlite3.Connection, identifies: Iterable[Hit]) -> None:
+    def _link_identities(conn: Connection, identifies: Iterable[Hit]) -> None:
         rows = []
         for hit in identifies:
             if not hit.uid:
@@ -156,7 +156,7 @@ class ReferenceSessionWriter:
         )
 
 
-def _find_open(conn: sqlite3.Connection, hit: Hit, only_previous: bool = False) -> _Session | None:
+def _find_open(conn: Connection, hit: Hit, only_previous: bool = False) -> _Session | None:
     today = None if only_previous else hit.visitor_id
     row = conn.execute(
         _FIND_OPEN_SESSION,
@@ -172,7 +172,7 @@ def _find_open(conn: sqlite3.Connection, hit: Hit, only_previous: bool = False) 
     return _Session(row[0], row[1], row[2], visitors)
 
 
-def _create(conn: sqlite3.Connection, hit: Hit, site_hosts) -> _Session:
+def _create(conn: Connection, hit: Hit, site_hosts) -> _Session:
     landing = landing_of(hit, site_hosts)
     session_id = conn.execute(
         _INSERT_SESSION,
@@ -182,7 +182,7 @@ def _create(conn: sqlite3.Connection, hit: Hit, site_hosts) -> _Session:
     return _Session(session_id, hit.ts, hit.ts, set())
 
 
-def _save(conn: sqlite3.Connection, site_id: int, session: _Session) -> None:
+def _save(conn: Connection, site_id: int, session: _Session) -> None:
     if session.landing is not None:
         landing = session.landing
         conn.execute(
@@ -206,7 +206,7 @@ def _save(conn: sqlite3.Connection, site_id: int, session: _Session) -> None:
 
 
 
-def reference_write_batch(conn: sqlite3.Connection, batch) -> None:
+def reference_write_batch(conn: Connection, batch) -> None:
     """The flush write before the set-based session step (on rows in EVENT_COLUMNS order)."""
     rows = [[*row, None] for row in batch.rows]  # EventRow and its session id
     _assign_sessions(conn, rows, batch, EVENT_COLUMNS)
@@ -221,7 +221,7 @@ def reference_write_batch(conn: sqlite3.Connection, batch) -> None:
 _writer = ReferenceSessionWriter(hosts_of_site)
 
 
-def _assign_sessions(conn: sqlite3.Connection, rows: list[list], batch,
+def _assign_sessions(conn: Connection, rows: list[list], batch,
                      columns: Sequence[str]) -> None:
     if not rows:
         return
@@ -248,7 +248,7 @@ def _assign_sessions(conn: sqlite3.Connection, rows: list[list], batch,
         row[session_column] = session_id
 
 
-def _previous_visitor_ids(conn: sqlite3.Connection, rows: list[list],
+def _previous_visitor_ids(conn: Connection, rows: list[list],
                           batch) -> list[int | None]:
     events = [(unit, event) for unit in batch.units for event in unit.events]
     if len(events) != len(rows):

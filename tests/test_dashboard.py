@@ -163,6 +163,22 @@ def test_logout_ends_the_session(world):
 
 
 POSTS = [(path, suffix) for method, path, suffix in PAGE_ROUTES if method == "POST"]
+# Everything a form could change, summed: a refused post leaves it as it was.
+STATE = ("SELECT (SELECT count(*) FROM api_keys WHERE revoked_at IS NULL)"
+         " + (SELECT count(*) FROM site_hosts) + (SELECT count(*) FROM user_sessions)"
+         " + (SELECT count(*) FROM sites) + (SELECT count(*) FROM user_accounts)"
+         " + (SELECT count(*) FROM users) + (SELECT count(*) FROM shared_links"
+         " WHERE revoked_at IS NULL) + (SELECT count(*) FROM invitations WHERE revoked_at IS NULL"
+         " AND used_at IS NULL) AS n")
+
+
+def concrete_path(path: str, world: dict, site: str, key: str = "key_none") -> str:
+    """A route's path with its placeholders filled: the given site, world A's account."""
+    for name, value in (("{site_id}", site), ("{key_id}", key), ("{account_id}", world["a"]["account"]),
+                        ("{link_id}", "share_none"), ("{invitation_id}", "inv_none"),
+                        ("{user_id}", "user_none"), ("{token}", "x" * 43)):
+        path = path.replace(name, value)
+    return path
 
 
 @pytest.mark.parametrize("path, suffix", POSTS, ids=[s for _, s in POSTS])
@@ -171,19 +187,15 @@ def test_every_form_post_refuses_a_missing_or_wrong_csrf_token(world, path, suff
     if suffix != "login":
         sign_in(client, "owner-a@example.com")
     keys = cli_json("key", "list", "--site", world["a"]["site"], db=world["db"])["keys"]
-    concrete = path.replace("{site_id}", world["a"]["site"]).replace("{key_id}", keys[0]["id"])
+    concrete = concrete_path(path, world, world["a"]["site"], keys[0]["id"])
     body = {"email": "owner-a@example.com", "password": seed.PASSWORD, "host": "new.test",
-            "scope": "read"}
-    before = rows(world["db"], "SELECT (SELECT count(*) FROM api_keys WHERE revoked_at IS NULL)"
-                  " + (SELECT count(*) FROM site_hosts) + (SELECT count(*) FROM user_sessions)"
-                  " AS n")
+            "scope": "read", "role": "viewer", "confirm": world["a"]["host"], "revenue": "1"}
+    before = rows(world["db"], STATE)
     for csrf in (None, "", "x" * 43):
         data = body if csrf is None else {**body, "csrf": csrf}
         resp = client.post(concrete, data, status=403)
         assert "security token" in resp.text
-    assert rows(world["db"], "SELECT (SELECT count(*) FROM api_keys WHERE revoked_at IS NULL)"
-                " + (SELECT count(*) FROM site_hosts) + (SELECT count(*) FROM user_sessions)"
-                " AS n") == before
+    assert rows(world["db"], STATE) == before
 
 
 def test_ten_failures_for_an_email_from_one_address_refuse_that_address_only(world):
@@ -241,11 +253,12 @@ def test_a_user_sees_only_the_sites_of_their_accounts(world):
         if "{site_id}" not in path:
             continue
         for key in (b_key, a_key):
-            concrete = path.replace("{site_id}", b["site"]).replace("{key_id}", key)
+            concrete = concrete_path(path, world, b["site"], key)
             if method == "GET":
                 resp = client.get(concrete, status=404)
             else:
-                resp = client.post(concrete, {"csrf": csrf, "host": "x.test", "scope": "read"},
+                resp = client.post(concrete, {"csrf": csrf, "host": "x.test", "scope": "read",
+                                              "confirm": b["host"], "role": "viewer"},
                                    status=404)
             assert b["host"] not in resp.text and b["site"] not in resp.text.replace(concrete, "")
     # A's own key id under A's site works; under B's site (above) it did not.

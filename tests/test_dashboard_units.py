@@ -12,7 +12,7 @@ import pytest
 
 from dashboard import filters, render
 from dashboard.periods import resolve
-from reports.params import InvalidReportParameter
+from reports.shared.params import InvalidReportParameter
 
 TODAY = date(2026, 3, 15)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+import metrics
 from quota.usage import QuotaGuard
 from storage.db import Database
 from tests.conftest import (
@@ -67,8 +68,14 @@ def titled(titles: list[str]):
     return base._replace(events=events, counted=len(events))
 
 
+def dead_lettered() -> float:
+    """tally_events_total{outcome="dead_lettered"} of this process (what /metrics adds up)."""
+    return metrics.LOCAL.get_sample_value("tally_events_total", {"outcome": "dead_lettered"}) or 0
+
+
 def test_one_poison_event_is_set_aside_and_every_other_event_is_stored(store, db_path, caplog):
     poison_trigger(db_path)
+    lettered_before = dead_lettered()
     guard = QuotaGuard(store, FakeClock(NOW_MS / 1000))
     flusher = make_flusher(store, quota=guard)
     mixed = titled(["a", "b", "poison", "c", "d"])
@@ -80,6 +87,7 @@ def test_one_poison_event_is_set_aside_and_every_other_event_is_stored(store, db
     assert count(db_path, "SELECT events FROM monthly_usage") == 21
     assert guard.used((1, "2026-09")) == 21  # the set-aside event no longer held
     assert flusher.set_aside_events == 1 and flusher.queue.held == 0
+    assert dead_lettered() == lettered_before + 1
     (letter,) = rows(db_path, "SELECT * FROM dead_letters")
     assert letter["site_id"] == 1 and letter["month"] == "2026-09"
     assert "poisoned row" in letter["reason"] and constraint_error(db_path) in letter["reason"]

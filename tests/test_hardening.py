@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from config import QUEUE_MAX_RANGE, Config, ConfigError
 from enrichment import agents as agents_module
 from enrichment.agents import AgentParser, BotFilter
-from reports.money import round_money
-from reports.mrr import YEARLY_FACTORS
+from reports.money.amounts import round_money
+from reports.money.mrr import YEARLY_FACTORS
 from tests.conftest import WAIT, bearer, config_for, rows, run_cli
 from tests.test_properties import budget
 from validation.event import MAX_BATCH

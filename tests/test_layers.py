@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from storage.connection import Connection, Cursor
 from tests.conftest import REPO
 from tests.test_sql_safety import SKIPPED_DIRS, SQL
 
@@ -18,8 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("vocabulary", "config"),  # shared words and numbers; the settings (the only os.environ)
     ("tracker",),  # the tracking script, package data served at /js/tally.js
     ("metrics",),  # Prometheus instruments, called from any layer above
-    ("validation",),  # pure checks of request bodies and the values they return
-    ("integrations.stripe.mapping",),  # Stripe's events as validated values (pure)
+    ("validation",),  # pure checks of request bodies, Stripe's events, the values they return
     ("storage",),  # the ground floor of state: every table, every SQL statement
     ("quota",),  # plans, the monthly cap, usage held and stored, anonymous traffic's limits
     ("enrichment",),  # visitor ids, user agents, URL pieces
@@ -27,7 +27,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("reports",),  # figures for the stats endpoints and `tally report`
     ("ingest",),  # the events queue and its flush pipeline
     ("api",),  # HTTP resources
-    ("integrations",),  # endpoints for other services' webhooks (Stripe)
     ("dashboard",),  # server-rendered pages: sign-in, a user's sites, settings, shared links
     ("tasks",),  # the list of background duties and the thread that runs them
     ("app",),  # wiring: the WSGI application and its background services
@@ -41,8 +40,8 @@ RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 OUTSIDE = {"tests", "bench", "scripts", "clients"}
 
 # Modules that may hold SQL text besides storage/.
-SQL_MODULES = {"reports/queries.py", "reports/days.py", "reports/segment_queries.py",
-               "reports/segments.py", "reports/revenue_queries.py"}
+SQL_MODULES = {"reports/traffic/queries.py", "reports/money/queries.py",
+               "reports/days/queries.py", "reports/segments/queries.py"}
 
 # Imports that still run up the layers, to be removed (the test fails when one is gone,
 # so this list only shrinks).
@@ -117,6 +116,46 @@ def test_no_import_runs_up_the_layers():
     assert not gone, f"fixed, so remove them from KNOWN_UPWARD: {gone}"
 
 
+# The floors inside reports/, bottom first (docs/DEVELOPING.md, Layers).
+REPORT_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("reports.shared",),  # parameters, CSV and text
+    ("reports.money",),  # exact money, revenue, MRR and their SQL
+    ("reports.traffic",),  # traffic figures, the realtime view and its SQL
+    ("reports.days",),  # traffic per UTC day, stored once final
+    ("reports.segments",),  # filters, goals, filtered traffic per day
+    ("reports.timeseries",),  # buckets, figures per bucket, changes
+    ("reports.assembly",),  # each report put together
+    ("reports.service",),  # the one entry point
+)
+REPORT_RANK = {name: rank for rank, names in enumerate(REPORT_FLOORS) for name in names}
+
+
+def report_floor(module: str) -> str | None:
+    parts = module.split(".")
+    for end in range(len(parts), 1, -1):
+        if ".".join(parts[:end]) in REPORT_RANK:
+            return ".".join(parts[:end])
+    return None
+
+
+def test_no_import_runs_up_the_floors_of_reports():
+    wrong, unplaced = [], []
+    for path in sorted((REPO / "reports").rglob("*.py")):
+        module = module_name(path)
+        if module == "reports":
+            continue
+        floor = report_floor(module)
+        if floor is None:
+            unplaced.append(module)
+            continue
+        for imported in imported_modules(path):
+            target = report_floor(imported)
+            if target is not None and REPORT_RANK[target] > REPORT_RANK[floor]:
+                wrong.append(f"{module} -> {imported}")
+    assert unplaced == [], "add these to REPORT_FLOORS in tests/test_layers.py and DEVELOPING"
+    assert wrong == [], "these imports run up the floors of reports/: " + ", ".join(wrong)
+
+
 def test_storage_imports_nothing_above_it():
     for path in (REPO / "storage").glob("*.py"):
         for imported in imported_modules(path):
@@ -158,3 +197,11 @@ def test_the_checks_see_a_violation():
     texts = [n.value for n in ast.walk(sample) if isinstance(n, ast.Constant)
              and isinstance(n.value, str) and SQL.search(n.value)]
     assert texts == ["SELECT a FROM t WHERE id = ?"]
+
+
+def test_both_engines_connections_are_the_one_connection_type(store):
+    """storage.connection.Connection, the type every layer above storage names, is true of
+    the connections of both backends, and of the cursors they return."""
+    conn = store.conn()
+    assert isinstance(conn, Connection)
+    assert isinstance(conn.execute("SELECT id FROM sites"), Cursor)

@@ -10,7 +10,7 @@ import sqlite3
 import orjson
 import pytest
 
-from reports.days import DIMENSIONS
+from reports.days.queries import DIMENSIONS
 from storage.db import schema
 from tests.conftest import WAIT, bearer, cli_json, config_for, execute, is_postgres, rows, run_cli
 from tests.test_attribution_e2e import UA, UA_PHONE, identify, pageview

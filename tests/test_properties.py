@@ -199,7 +199,7 @@ report_params = st.dictionaries(
 @budget(400)
 @given(report_params, st.dates())
 def test_report_parameters_parse_or_raise_their_own_error(params, today):
-    from reports.params import (
+    from reports.shared.params import (
         InvalidReportParameter,
         check_known,
         parse_at,

@@ -17,11 +17,11 @@ import orjson
 import pytest
 
 from app import create_app
-from reports.filters import Filter, Goal, parse_filters
-from reports.params import DateRange
-from reports.segment_queries import Segment, SegmentTotals, resolve
-from reports.segments import MAX_STORED_SEGMENTS, SegmentDays
+from reports.segments.filters import Filter, Goal, parse_filters
+from reports.segments.queries import Segment, SegmentTotals, resolve
+from reports.segments.segment_days import MAX_STORED_SEGMENTS, SegmentDays
 from reports.service import run_report
+from reports.shared.params import DateRange
 from storage.events import EventRow
 from storage.sessions import insert_sessions
 from tests.conftest import FakeClock, config_for, rows

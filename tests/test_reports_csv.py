@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from reports.csv_text import cell, write
+from reports.shared.csv_text import cell, write
 from tests.conftest import bearer, run_cli
 from tests.test_reports_http import FIREFOX, api  # noqa: F401 - the fixture
 from tests.test_reports_revenue_by import shop  # noqa: F401 - the fixture

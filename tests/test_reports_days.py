@@ -13,9 +13,9 @@ from decimal import Decimal
 
 import pytest
 
-from reports import days
-from reports.days import DIMENSIONS
-from reports.params import DateRange
+from reports.days import queries, traffic_days
+from reports.days.queries import DIMENSIONS
+from reports.shared.params import DateRange
 from tests.conftest import WAIT, WriteLock, bearer, connect, delete_unchecked
 
 DAY = 86_400
@@ -147,17 +147,17 @@ def test_every_breakdown_is_stored_and_read_back_alike(traffic):
 
 
 def test_a_first_count_cut_short_keeps_the_days_it_stored(traffic, tally, monkeypatch):
-    monkeypatch.setattr(days, "STORE_BATCH_DAYS", 1)
-    real_count = days.live_totals
+    monkeypatch.setattr(traffic_days, "STORE_BATCH_DAYS", 1)
+    real_count = queries.live_totals
 
     def count_until_the_third_day(conn, site_id, day):
         if day == FIRST_DAY // DAY + 2:
             raise TimeoutError("the worker timeout struck")
         return real_count(conn, site_id, day)
 
-    monkeypatch.setattr(days, "live_totals", count_until_the_third_day)
+    monkeypatch.setattr(queries, "live_totals", count_until_the_third_day)
     site_id = tally.db.conn().execute("SELECT id FROM sites").fetchone()[0]
-    traffic_days = days.TrafficDays(tally.db, site_id, (FIRST_DAY + 9 * DAY) * 1000)
+    days = traffic_days.TrafficDays(tally.db, site_id, (FIRST_DAY + 9 * DAY) * 1000)
     with pytest.raises(TimeoutError):
-        traffic_days.totals(DateRange(date(2026, 9, 21), date(2026, 9, 24)))
+        days.totals(DateRange(date(2026, 9, 21), date(2026, 9, 24)))
     assert traffic.stored_days() == [FIRST_DAY // DAY, FIRST_DAY // DAY + 1]

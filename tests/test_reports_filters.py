@@ -7,7 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from reports.filters import (
+from reports.money.revenue import RevenuePayment
+from reports.segments.filters import (
     Filter,
     Goal,
     comparison_range,
@@ -16,8 +17,8 @@ from reports.filters import (
     segment_key,
     touch_matches,
 )
-from reports.params import DateRange, InvalidReportParameter, day_start_ms
-from reports.timeseries import RevenuePayment, buckets, change, revenue_per_bucket
+from reports.shared.params import DateRange, InvalidReportParameter, day_start_ms
+from reports.timeseries import buckets, change, revenue_per_bucket
 
 
 def test_filters_parse_with_escapes_lists_and_prefixes():
@@ -120,8 +121,13 @@ def test_mrr_series_kept_up_to_date_equals_each_instant_read_afresh():
     import random
     from collections import defaultdict
 
-    from reports.mrr import Observation, SubscriptionHistory, SubscriptionPayment, monthly_value
-    from reports.mrr_series import values_at_instants
+    from reports.money.mrr import (
+        Observation,
+        SubscriptionHistory,
+        SubscriptionPayment,
+        monthly_value,
+    )
+    from reports.money.mrr_series import values_at_instants
 
     rng = random.Random(14)
     hour = 3_600_000

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reports.money import (
+from reports.money.amounts import (
     apportion,
     dumps,
     minor_unit_exponent,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reports.money import to_minor
-from reports.mrr import (
+from reports.money.amounts import to_minor
+from reports.money.mrr import (
     MOVEMENT_TYPES,
     Observation,
     SubscriptionHistory,
@@ -20,7 +20,7 @@ from reports.mrr import (
     mrr_at,
     mrr_movements,
 )
-from reports.params import DateRange, end_of_day_ms
+from reports.shared.params import DateRange, end_of_day_ms
 
 D = Decimal
 

@@ -6,7 +6,7 @@ from datetime import date
 
 import pytest
 
-from reports.params import (
+from reports.shared.params import (
     DAY_MS,
     DateRange,
     InvalidReportParameter,

@@ -6,8 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from reports.money import dumps
-from reports.revenue import PaymentRow, revenue_by_currency
+from reports.money.amounts import dumps
+from reports.money.revenue import PaymentRow, revenue_by_currency
 
 D = Decimal
 CHANNELS = {"c1": "Organic Search", "c2": "Paid Search", "c4": "Direct", "c5": "Direct"}

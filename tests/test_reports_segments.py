@@ -13,8 +13,8 @@ from decimal import Decimal
 
 import pytest
 
-from reports import segments
-from reports.traffic import SessionTotals, traffic_aggregate
+from reports.segments import segment_days as segments
+from reports.traffic.figures import SessionTotals, traffic_aggregate
 from tests.conftest import WAIT, bearer, connect, delete_unchecked
 
 DAY = 86_400

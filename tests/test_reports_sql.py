@@ -1,7 +1,7 @@
 """The SQL behind MRR and its movements gives what the in-memory model gives, on any data.
 
 Payments go through the real validator and store (storage/payments.py); the reports read
-them back with reports.queries (one seek per subscription, only changed subscriptions
+them back with reports.money.queries (one seek per subscription, only changed subscriptions
 re-read, first-touch screening of arrivals) and, for comparison, with the plain in-memory
 SubscriptionHistory built from every stored row.
 """
@@ -17,9 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reports import queries
-from reports.mrr import Observation, SubscriptionHistory, SubscriptionPayment, mrr_at, mrr_movements
-from reports.params import DateRange
+from reports.money import queries
+from reports.money.mrr import (
+    Observation,
+    SubscriptionHistory,
+    SubscriptionPayment,
+    mrr_at,
+    mrr_movements,
+)
+from reports.shared.params import DateRange
 from storage.db import Database
 from storage.directory import Directory
 from storage.payments import PaymentStore

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reports.traffic import BreakdownCount, SessionTotals, breakdown_rows, traffic_aggregate
+from reports.traffic.figures import BreakdownCount, SessionTotals, breakdown_rows, traffic_aggregate
 
 
 def test_aggregate_ratios_are_exact_and_rounded_half_up():

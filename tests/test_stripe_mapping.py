@@ -6,15 +6,6 @@ from decimal import Decimal
 
 import pytest
 
-from integrations.stripe.mapping import (
-    CustomerWrite,
-    InvoicePayment,
-    PaymentWrite,
-    SubscriptionWrite,
-    UnusableEvent,
-    major_units,
-    map_event,
-)
 from tests.stripe_events import (
     FIXTURES,
     charge,
@@ -27,6 +18,15 @@ from tests.stripe_events import (
     stripe_object,
     subscription,
     unix,
+)
+from validation.stripe import (
+    CustomerWrite,
+    InvoicePayment,
+    PaymentWrite,
+    SubscriptionWrite,
+    UnusableEvent,
+    major_units,
+    map_event,
 )
 
 T = unix("2026-09-21T12:00:00Z")

@@ -48,7 +48,7 @@ EMAIL_MAX_CHARS = 320
 
 # Amounts, fees and subscription amounts: below 10^15 with at most 12 decimal places, so
 # every value has at most 23 digits and a sum of any realistic number of them stays exact
-# within the reports' 60 digits (reports/money.py). Beyond every real amount in every
+# within the reports' 60 digits (reports/money/amounts.py). Beyond every real amount in every
 # ISO 4217 currency (minor units go down to 4 places; a quadrillion is far above any
 # single payment), and it keeps 1e-60 or 1e61 out of the sums.
 MONEY_LIMIT = Decimal(10) ** 15
@@ -321,7 +321,7 @@ def _not_negative(value: Any) -> Decimal:
 
 
 def _bounded(amount: Decimal) -> Decimal:
-    """Within what the reports sum exactly (reports/money.py keeps 60 digits)."""
+    """Within what the reports sum exactly (reports/money/amounts.py keeps 60 digits)."""
     if amount >= MONEY_LIMIT:
         raise _Invalid("too large", MONEY_TOO_LARGE)
     if amount.as_tuple().exponent < -MONEY_MAX_PLACES:

@@ -1,5 +1,5 @@
-/* Tally dashboard: the charts (uPlot configuration only), the live visitor count and the
-   copy button. Everything else on the pages works without this file. */
+/* Tally dashboard: the charts (uPlot configuration only), the live visitor count, the
+   copy button and the install check. Everything else on the pages works without this file. */
 (function () {
   "use strict";
 
@@ -126,8 +126,36 @@
         }, function () { source.select(); });
       });
     });
-    var secret = document.getElementById("new-key-secret");
-    if (secret) { secret.addEventListener("focus", function () { secret.select(); }); }
+    document.querySelectorAll("input.secret").forEach(function (secret) {
+      secret.addEventListener("focus", function () { secret.select(); });
+    });
+  }
+
+  // The install check: while no event is stored, ask every 2 s (every 10 s after five
+  // minutes) and say so as soon as one is.
+  function installCheck() {
+    var line = document.querySelector("[data-install='waiting'][data-install-poll]");
+    if (!line || !window.fetch) { return; }
+    var started = Date.now();
+    function receiving() {
+      line.setAttribute("data-install", "receiving");
+      line.setAttribute("data-seen", "yes");
+      var ok = document.createElement("span");
+      ok.className = "ok";
+      ok.textContent = "Receiving events.";
+      line.replaceChildren(ok, document.createTextNode(
+        " The first event has arrived: the dashboard counts it now."));
+    }
+    function ask() {
+      fetch(line.getAttribute("data-install-poll"), { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (data) {
+          if (data && data.install === "receiving") { receiving(); } else { later(); }
+        })
+        .catch(later);
+    }
+    function later() { setTimeout(ask, Date.now() - started < 300000 ? 2000 : 10000); }
+    later();
   }
 
   function start() {
@@ -135,6 +163,7 @@
     movementsChart();
     liveCount();
     copyButtons();
+    installCheck();
   }
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", start);

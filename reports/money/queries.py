@@ -1,21 +1,21 @@
-"""The SQL behind the reports: read a site's rows, hand them to the pure functions.
+"""The SQL behind revenue, MRR and its movements, revenue over time and goals: read a
+site's rows, hand them to the pure functions.
 
 Every statement is parameterized. Money is read as the stored decimal text and added up
-with Decimal in Python: SQLite would sum it as binary floats. Traffic is counted per day
-by reports.days.
+with Decimal in Python: SQLite would sum it as binary floats. Customers are selected by
+their first touch in Python (reports.segments.filters.touch_matches), over one row per
+customer read here.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Collection, Mapping
 from datetime import date
 from decimal import Decimal
 
 import orjson
 
-from reports.days import TrafficDays
-from reports.mrr import (
+from reports.money.mrr import (
     Observation,
     SubscriptionHistory,
     SubscriptionPayment,
@@ -23,10 +23,11 @@ from reports.mrr import (
     mrr_at,
     mrr_movements,
 )
-from reports.params import DateRange, end_of_day_ms
-from reports.revenue import PaymentRow, revenue_by_currency
-from reports.traffic import breakdown_rows, traffic_aggregate
-from storage.db import Database
+from reports.money.mrr_series import values_at_instants
+from reports.money.revenue import PaymentRow, RevenuePayment, revenue_by_currency
+from reports.shared.params import DateRange, end_of_day_ms
+from storage.connection import Connection
+from storage.dialect import dialect, integer_of_text
 from storage.sessions import first_touch_join
 from vocabulary import UNATTRIBUTED
 
@@ -111,7 +112,7 @@ def _decimal(text: str | None) -> Decimal | None:
     return None if text is None else Decimal(text)
 
 
-def revenue(conn: sqlite3.Connection, site_id: int, period: DateRange) -> dict:
+def revenue(conn: Connection, site_id: int, period: DateRange) -> dict:
     rows, channels = [], {}
     for customer, kind, currency, amount, fee, count, channel in conn.execute(
             _REVENUE_PAYMENTS, (site_id, period.start_ms, period.end_ms)):
@@ -123,9 +124,9 @@ def revenue(conn: sqlite3.Connection, site_id: int, period: DateRange) -> dict:
 
 
 class SqlSubscriptions:
-    """A site's subscriptions read from SQLite (reports.mrr.SubscriptionSource)."""
+    """A site's subscriptions read from SQLite (reports.money.mrr.SubscriptionSource)."""
 
-    def __init__(self, conn: sqlite3.Connection, site_id: int):
+    def __init__(self, conn: Connection, site_id: int):
         self.conn = conn
         self.site_id = site_id
         self.channels: dict[str, str] = {}  # customer -> first-touch channel, as states are read
@@ -186,25 +187,144 @@ class SqlSubscriptions:
         return result
 
 
-def mrr(conn: sqlite3.Connection, site_id: int, at: date) -> dict:
+def mrr(conn: Connection, site_id: int, at: date) -> dict:
     source = SqlSubscriptions(conn, site_id)
     source.states_at(end_of_day_ms(at))  # read now (kept), so the channels are known
     return {"at": at.isoformat(), "currencies": mrr_at(source, at, source.channels)}
 
 
-def movements(conn: sqlite3.Connection, site_id: int, period: DateRange) -> dict:
+def movements(conn: Connection, site_id: int, period: DateRange) -> dict:
     return {"from": period.start.isoformat(), "to": period.end.isoformat(),
             "currencies": mrr_movements(SqlSubscriptions(conn, site_id), period)}
 
 
-def aggregate(db: Database, site_id: int, period: DateRange, now_ms: int) -> dict:
-    totals = TrafficDays(db, site_id, now_ms).totals(period)
-    return {"from": period.start.isoformat(), "to": period.end.isoformat(),
-            **traffic_aggregate(totals)}
+
+# Each customer's first-touch session, and that session's first event (its earliest, a
+# seek in events_site_ts at the session's start; $identify only when nothing else).
+_FIRST_TOUCHES = (
+    "SELECT c.customer_id, fs.channel, fs.source, fs.utm_medium, fs.utm_campaign,"  # noqa: S608 - fixed alias
+    " fs.utm_term, fs.utm_content, fs.referrer, fs.landing_page, fs.entry_path, fs.started_at,"
+    " e.pathname, e.hostname, e.country, e.device, e.browser, e.os, e.name, e.props"
+    " FROM customers c"
+    + first_touch_join("c")  # sql-safe: a fixed alias
+    + " LEFT JOIN events e ON e.id = ("
+    "  SELECT e2.id FROM events e2"
+    "   WHERE e2.site_id = fs.site_id AND e2.ts = fs.started_at AND e2.session_id = fs.id"
+    "   ORDER BY e2.name = '$identify', e2.id LIMIT 1)"
+    " WHERE c.site_id = ? AND fs.id IS NOT NULL"
+)
+TOUCH_FIELDS = ("channel", "source", "medium", "campaign", "term", "content", "referrer",
+                "landing_page", "entry_page", "started_at", "page", "hostname", "country",
+                "device", "browser", "os", "event", "props")
+
+# Succeeded payments dated in [t0, t1), alike ones grouped with their count.
+_REVENUE_ROWS = (
+    "SELECT customer_id, kind, currency, amount, fee, count(*) FROM payments"
+    " WHERE site_id = ? AND paid_at_ms >= ? AND paid_at_ms < ? AND status = 'succeeded'"
+    " GROUP BY customer_id, kind, currency, amount, fee"
+)
+# Succeeded payments dated in [t0, t1), alike ones grouped per bucket of `width` ms.
+_PAYMENTS_BY_BUCKET = (
+    "SELECT customer_id, kind, currency, amount, paid_at_ms / ?4 AS bucket, count(*)"
+    " FROM payments WHERE site_id = ?1 AND paid_at_ms >= ?2 AND paid_at_ms < ?3"
+    " AND status = 'succeeded'"
+    " GROUP BY customer_id, kind, currency, amount, bucket"
+)
+_FIRST_CHARGES = (
+    "SELECT customer_id, currency, min(paid_at_ms) FROM payments"
+    " WHERE site_id = ? AND kind = 'charge' AND status = 'succeeded'"
+    " GROUP BY customer_id, currency"
+)
+# Customers (given as a JSON array) with a succeeded charge.
+_PAYING = (
+    "SELECT DISTINCT customer_id FROM payments"
+    " WHERE site_id = ?1 AND kind = 'charge' AND status = 'succeeded'"
+    " AND customer_id IN (SELECT value FROM json_each(?2))"
+)
+# Each customer's plan: that of its subscription observed last.
+_PLANS = (
+    "SELECT customer_id, plan FROM subscriptions WHERE site_id = ?"
+    " ORDER BY customer_id, effective_at_ms, id"
+)
 
 
-def breakdown(db: Database, site_id: int, period: DateRange, by: str, limit: int,
-              now_ms: int) -> dict:
-    counts = TrafficDays(db, site_id, now_ms).values(period, by)
-    return {"from": period.start.isoformat(), "to": period.end.isoformat(), "by": by,
-            "rows": breakdown_rows(counts, limit)}
+def first_touches(conn: Connection, site_id: int) -> dict[str, dict]:
+    """customer id -> its first touch (TOUCH_FIELDS); customers without one are absent."""
+    touches = {}
+    for customer, *values in conn.execute(_FIRST_TOUCHES, (site_id,)):
+        touch = dict(zip(TOUCH_FIELDS, values, strict=True))
+        props = touch["props"]
+        touch["props"] = orjson.loads(props) if props else {}
+        touches[customer] = touch
+    return touches
+
+
+def payments_by_bucket(conn: Connection, site_id: int, t0: int, t1: int,
+                       width: int) -> list[RevenuePayment]:
+    return [RevenuePayment(customer, kind, currency, Decimal(amount), bucket * width, count)
+            for customer, kind, currency, amount, bucket, count in conn.execute(
+                _PAYMENTS_BY_BUCKET, (site_id, t0, t1, width))]
+
+
+def first_charges(conn: Connection, site_id: int) -> dict[tuple[str, str], int]:
+    return {(customer, currency): at for customer, currency, at in conn.execute(
+        _FIRST_CHARGES, (site_id,))}
+
+
+def paying_customers(conn: Connection, site_id: int, customers: list[str]) -> set[str]:
+    if not customers:
+        return set()
+    wanted = orjson.dumps(sorted(customers)).decode()
+    return {row[0] for row in conn.execute(_PAYING, (site_id, wanted))}
+
+
+def plans(conn: Connection, site_id: int) -> dict[str, str | None]:
+    return {customer: plan for customer, plan in conn.execute(_PLANS, (site_id,))}
+
+
+def mrr_yearly_at(conn: Connection, site_id: int,
+                  instants: list[int]) -> dict[int, dict[tuple[str, str], Decimal]]:
+    """Each customer's yearly subscription value per currency at each instant."""
+    if not instants:
+        return {}
+    return values_at_instants(SqlSubscriptions(conn, site_id), sorted(set(instants)))
+
+
+def revenue_rows(conn: Connection, site_id: int, t0: int, t1: int) -> list[PaymentRow]:
+    return [PaymentRow(customer, kind, "succeeded", currency, Decimal(amount),
+                       None if fee is None else Decimal(fee), count)
+            for customer, kind, currency, amount, fee, count in conn.execute(
+                _REVENUE_ROWS, (site_id, t0, t1))]
+
+
+# Customers linked now to a visitor id (customer.visitor_id, or user_id -> $identify) that
+# did a custom event in [t0, t1): (event name, customer id). The linked visitors' sessions
+# come from session_visitors, and each session's events from a seek in events_site_ts over
+# the session's own time span, so only the customers' visits are read, not the range.
+_CONVERTED_CUSTOMERS = {name: (
+    "WITH linked (customer_id, visitor_id) AS ("  # noqa: S608 - fixed fragments by dialect
+    f" SELECT customer_id, {integer_of_text(name, 'visitor_id')} FROM customers"
+    "  WHERE site_id = ?1 AND visitor_id IS NOT NULL"
+    " UNION"
+    " SELECT c.customer_id, vi.visitor_id FROM customers c"
+    "  JOIN visitor_identities vi ON vi.site_id = c.site_id AND vi.uid = c.user_id"
+    "  WHERE c.site_id = ?1)"
+    " SELECT DISTINCT e.name, l.customer_id"
+    " FROM linked l"
+    " CROSS JOIN session_visitors sv CROSS JOIN sessions s CROSS JOIN events e"
+    " WHERE sv.site_id = ?1 AND sv.visitor_id = l.visitor_id"
+    " AND s.id = sv.session_id"
+    " AND e.site_id = ?1 AND e.ts >= max(s.started_at, ?2)"
+    " AND e.ts <= min(s.last_seen_at, ?3 - 1) AND e.session_id = s.id"
+    " AND s.last_seen_at >= ?2 AND s.started_at < ?3"
+    " AND e.name <> 'pageview' AND e.name <> '$identify'"
+) for name in ("sqlite", "postgres")}
+
+
+def converted_customers(conn: Connection, site_id: int, t0: int,
+                        t1: int) -> dict[str, set[str]]:
+    result: dict[str, set[str]] = {}
+    for name, customer in conn.execute(_CONVERTED_CUSTOMERS[dialect(conn)],
+                                        (site_id, t0, t1)):
+        result.setdefault(name, set()).add(customer)
+    return result

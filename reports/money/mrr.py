@@ -22,8 +22,8 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import NamedTuple, Protocol
 
-from reports.money import apportion, exact_decimals, round_money, to_minor
-from reports.params import DateRange, day_start_ms, end_of_day_ms
+from reports.money.amounts import apportion, exact_decimals, round_money, to_minor
+from reports.shared.params import DateRange, day_start_ms, end_of_day_ms
 from vocabulary import UNATTRIBUTED
 
 COUNTING_STATUSES = frozenset({"active", "past_due"})

@@ -1,8 +1,8 @@
 """Traffic and revenue reports with filters, goals, comparisons and time series.
 
-Each function reads through reports.days / reports.segments (traffic per day, stored once
-final) and reports.revenue_queries, and gives the figures their shape with the pure
-functions of reports.traffic and reports.timeseries.
+Each function reads through reports.days and reports.segments (traffic per day, stored
+once final), reports.money.queries and reports.traffic.queries, and gives the figures their
+shape with the pure functions of reports.traffic, reports.money and reports.timeseries.
 """
 
 from __future__ import annotations
@@ -11,34 +11,27 @@ from collections.abc import Callable
 from datetime import date
 from itertools import zip_longest
 
-from reports.days import DIMENSIONS as STORED_DIMENSIONS
-from reports.days import TrafficDays
-from reports.filters import Filter, Goal, comparison_range, touch_matches
-from reports.goals import (
-    MINUTE_MS,
-    REALTIME_MINUTES,
-    REALTIME_VISITOR_MINUTES,
-    goal_rows,
-    realtime_view,
-)
-from reports.mrr import mrr_at, mrr_movements
-from reports.mrr_series import CustomersOnly
-from reports.params import DAY_MS, DateRange, end_of_day_ms
-from reports.queries import SqlSubscriptions
-from reports.revenue import revenue_by_currency
-from reports.revenue_by import ValueTraffic, paying_by_value, revenue_by_value
-from reports.revenue_queries import (
+from reports.days.queries import DIMENSIONS as STORED_DIMENSIONS
+from reports.days.traffic_days import TrafficDays
+from reports.money.mrr import mrr_at, mrr_movements
+from reports.money.mrr_series import CustomersOnly
+from reports.money.queries import (
+    SqlSubscriptions,
     converted_customers,
     first_charges,
     first_touches,
     mrr_yearly_at,
     payments_by_bucket,
     plans,
-    realtime_counts,
     revenue_rows,
 )
-from reports.segment_queries import SegmentCount
-from reports.segments import SegmentDays
+from reports.money.revenue import revenue_by_currency
+from reports.money.revenue_by import ValueTraffic, paying_by_value, revenue_by_value
+from reports.segments.filters import Filter, Goal, comparison_range, touch_matches
+from reports.segments.goals import goal_rows
+from reports.segments.queries import SegmentCount
+from reports.segments.segment_days import SegmentDays
+from reports.shared.params import DAY_MS, DateRange, end_of_day_ms
 from reports.timeseries import (
     HOUR_MS,
     buckets,
@@ -47,6 +40,13 @@ from reports.timeseries import (
     revenue_per_bucket,
     sum_totals,
     traffic_figures,
+)
+from reports.traffic.queries import realtime_counts
+from reports.traffic.realtime import (
+    MINUTE_MS,
+    REALTIME_MINUTES,
+    REALTIME_VISITOR_MINUTES,
+    realtime_view,
 )
 from storage.db import Database
 

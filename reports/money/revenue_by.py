@@ -13,9 +13,8 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import NamedTuple
 
-from reports.money import exact_decimals, round_money
-from reports.revenue import UNATTRIBUTED, PaymentRow, _Totals
-from reports.timeseries import ratio
+from reports.money.amounts import exact_decimals, ratio, round_money
+from reports.money.revenue import UNATTRIBUTED, PaymentRow, _Totals
 
 # Dimensions of the first-touch session, of its first event, and the plan.
 SESSION_DIMENSIONS = ("channel", "source", "medium", "campaign", "term", "content", "referrer",

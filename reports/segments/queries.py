@@ -23,20 +23,20 @@ rows x filters x values.
 
 from __future__ import annotations
 
-import sqlite3
 from collections import defaultdict
 from typing import NamedTuple
 
 import orjson
 
-from reports.filters import Filter, Goal
-from reports.params import DAY_MS
+from reports.segments.filters import Filter, Goal
+from reports.shared.params import DAY_MS
+from storage.connection import Connection
 
 SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source", "medium": "s.utm_medium",
                    "campaign": "s.utm_campaign", "entry_page": "s.entry_path"}
 EVENT_COLUMNS = {"page": "e.pathname", "hostname": "e.hostname", "country": "e.country",
                  "device": "e.device", "browser": "e.browser", "os": "e.os", "event": "e.name"}
-# Breakdown dimensions (reports.days.DIMENSIONS) and their columns.
+# Breakdown dimensions (reports.days.queries.DIMENSIONS) and their columns.
 BREAKDOWN_SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source",
                              "entry_page": "s.entry_path", "medium": "s.utm_medium",
                              "campaign": "s.utm_campaign", "term": "s.utm_term",
@@ -95,7 +95,7 @@ def _stored_values_sql(dimension: str) -> str:
     return _STORED_EVENT_VALUES.format(column=EVENT_COLUMNS[dimension])
 
 
-def matching_values(conn: sqlite3.Connection, site_id: int, dimension: str, prop: str | None,
+def matching_values(conn: Connection, site_id: int, dimension: str, prop: str | None,
                     value_lists: list[tuple[str, ...]], start: int, end: int) -> list[str]:
     """The values the dimension (or property `prop`) takes over [start, end) that contain,
     ignoring ASCII case, one value of each list: what the `~` filters on it all keep."""
@@ -110,7 +110,7 @@ def matching_values(conn: sqlite3.Connection, site_id: int, dimension: str, prop
     return sorted(row[0] for row in rows)
 
 
-def resolve(conn: sqlite3.Connection, site_id: int, filters: tuple[Filter, ...],
+def resolve(conn: Connection, site_id: int, filters: tuple[Filter, ...],
             start: int, end: int) -> tuple[Filter, ...]:
     """The filters with the `~` filters of each dimension made one `==` filter listing the
     values stored over [start, end) that they all keep: the same rows pass, for any rows
@@ -150,7 +150,7 @@ def _where(filters: tuple[Filter, ...]) -> Where:
     sql, params = [], []
     for f in filters:
         if f.operator not in _CLAUSES[f.dimension]:
-            raise ValueError(f"resolve {f.text()!r} first (reports.segment_queries.resolve)")
+            raise ValueError(f"resolve {f.text()!r} first (reports.segments.queries.resolve)")
         sql.append(_CLAUSES[f.dimension][f.operator])
         if f.dimension == "prop":
             params.append(f.prop)
@@ -235,7 +235,7 @@ class Segment:
     def _goal_params(self, site_id: int, t0: int, t1: int) -> tuple:
         return (site_id, t0, t1 + DAY_MS, self.goal.name) if self.goal else ()
 
-    def bucket_totals(self, conn: sqlite3.Connection, site_id: int, start: int, end: int,
+    def bucket_totals(self, conn: Connection, site_id: int, start: int, end: int,
                       width: int) -> dict[int, SegmentTotals]:
         """The figures of each bucket [start + i * width, start + (i + 1) * width) of
         [start, end), by i (a bucket without sessions or events is left out): those of the
@@ -282,7 +282,7 @@ class Segment:
             totals[bucket] = SegmentTotals(0, pageviews, 0, events)
         return totals
 
-    def values(self, conn: sqlite3.Connection, site_id: int, t0: int, t1: int,
+    def values(self, conn: Connection, site_id: int, t0: int, t1: int,
                by: str) -> list[SegmentCount]:
         if by in BREAKDOWN_SESSION_COLUMNS:
             column = BREAKDOWN_SESSION_COLUMNS[by]
@@ -318,3 +318,79 @@ class Segment:
         return [SegmentCount(value, visitors, pageviews or 0, events or 0, conversions,
                              goal_events)
                 for value, visitors, pageviews, events, conversions, goal_events in rows]
+
+
+# A segment's final days, stored (reports.segments.segment_days): the segments a site
+# keeps, and per segment the figures of each stored day, dimension and value.
+_REGISTER = (
+    "INSERT INTO traffic_segments (site_id, segment, created_at)"
+    " SELECT ?1, ?2, ?3 WHERE (SELECT count(*) FROM traffic_segments WHERE site_id = ?1) < ?4"
+    " ON CONFLICT DO NOTHING"
+)
+_REGISTERED = "SELECT 1 FROM traffic_segments WHERE site_id = ? AND segment = ?"
+_STORED_TOTALS = (
+    "SELECT day, visitors, pageviews, sessions, events, bounces, duration_ms, conversions,"
+    " goal_events FROM traffic_segment_days"
+    " WHERE site_id = ? AND segment = ? AND day >= ? AND day <= ?"
+)
+_STORE_TOTALS = (
+    "INSERT INTO traffic_segment_days (site_id, segment, day, visitors, pageviews, sessions,"
+    " events, bounces, duration_ms, conversions, goal_events)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_STORED_DIMENSION_DAYS = (
+    "SELECT day FROM traffic_segment_dimensions"
+    " WHERE site_id = ? AND segment = ? AND dimension = ? AND day >= ? AND day <= ?"
+)
+_STORED_VALUES = (
+    "SELECT value, sum(visitors), sum(pageviews), sum(events), sum(conversions),"
+    " sum(goal_events) FROM traffic_segment_values"
+    " WHERE site_id = ? AND segment = ? AND dimension = ? AND day >= ? AND day <= ?"
+    " GROUP BY value"
+)
+_STORE_DIMENSION = (
+    "INSERT INTO traffic_segment_dimensions (site_id, segment, dimension, day)"
+    " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_STORE_VALUE = (
+    "INSERT INTO traffic_segment_values (site_id, segment, dimension, day, value, visitors,"
+    " pageviews, events, conversions, goal_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def register_segment(conn: Connection, site_id: int, key: str, now_ms: int,
+                     most: int) -> bool:
+    """Whether the segment is (now) one of the site's stored segments, at most `most` of them."""
+    conn.execute(_REGISTER, (site_id, key, now_ms, most))
+    return conn.execute(_REGISTERED, (site_id, key)).fetchone() is not None
+
+
+def stored_segment_totals(conn: Connection, site_id: int, key: str, first: int,
+                          last: int) -> dict[int, SegmentTotals]:
+    return {row[0]: SegmentTotals(*row[1:]) for row in conn.execute(
+        _STORED_TOTALS, (site_id, key, first, last))}
+
+
+def store_segment_totals(conn: Connection, site_id: int, key: str,
+                         totals: dict[int, SegmentTotals]) -> None:
+    conn.executemany(_STORE_TOTALS, [(site_id, key, day, *figures)
+                                     for day, figures in totals.items()])
+
+
+def stored_segment_dimension_days(conn: Connection, site_id: int, key: str, by: str,
+                                  first: int, last: int) -> set[int]:
+    return {row[0] for row in conn.execute(
+        _STORED_DIMENSION_DAYS, (site_id, key, by, first, last))}
+
+
+def stored_segment_values(conn: Connection, site_id: int, key: str, by: str,
+                          first: int, last: int) -> list[SegmentCount]:
+    return [SegmentCount(*row) for row in conn.execute(
+        _STORED_VALUES, (site_id, key, by, first, last))]
+
+
+def store_segment_values(conn: Connection, site_id: int, key: str, by: str, day: int,
+                         counts: list[SegmentCount]) -> None:
+    """A day's values of one dimension, unless another worker stored them first."""
+    if conn.execute(_STORE_DIMENSION, (site_id, key, by, day)).rowcount:
+        conn.executemany(_STORE_VALUE, [(site_id, key, by, day, *count) for count in counts])

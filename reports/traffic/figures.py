@@ -1,6 +1,6 @@
 """Traffic figures: the aggregate of a date range and breakdowns by one dimension.
 
-SQL does the counting (reports.days); these functions give the counts their
+SQL does the counting (reports.days.queries); these functions give the counts their
 public shape, so the rules for ratios, rounding and ordering live in one place.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import NamedTuple
 
-from reports.money import round_half_up
+from reports.money.amounts import round_half_up
 
 
 class SessionTotals(NamedTuple):

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, timedelta
 
-from reports.params import DateRange, InvalidReportParameter
+from reports.shared.params import DateRange, InvalidReportParameter
 
 # Dimensions fixed by a session's first event, and those read from each event.
 SESSION_FILTERS = ("channel", "source", "medium", "campaign", "entry_page")

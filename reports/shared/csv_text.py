@@ -17,7 +17,7 @@ import unicodedata
 from collections.abc import Iterable, MutableMapping, Sequence
 from decimal import Decimal
 
-from reports.params import InvalidReportParameter
+from reports.shared.params import InvalidReportParameter
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 _SKIPPED_CATEGORIES = ("Cc", "Cf")  # controls (NUL, ...) and format characters (BOM, ZWSP)

@@ -1,6 +1,6 @@
-"""Filtered traffic (a segment) per UTC day, stored once a day is final, like reports.days.
+"""Filtered traffic (a segment) per UTC day, stored once a day is final, like reports.days.traffic_days.
 
-A segment is a set of filters with an optional goal (reports.filters.segment_key). Its
+A segment is a set of filters with an optional goal (reports.segments.filters.segment_key). Its
 final days are counted once and kept in traffic_segment_days / traffic_segment_values;
 recent days are counted live. A site keeps at most MAX_STORED_SEGMENTS segments: past
 that, a new segment is counted live each time (still right, only slower), so no caller
@@ -11,56 +11,21 @@ the rest live and stores nothing.
 
 from __future__ import annotations
 
-import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from reports.days import TrafficDays, _day_bounds
-from reports.filters import Filter, Goal, segment_key
-from reports.params import DAY_MS, DateRange
-from reports.segment_queries import Segment, SegmentCount, SegmentTotals, resolve
+from reports.days.traffic_days import TrafficDays, day_bounds
+from reports.segments import queries
+from reports.segments.filters import Filter, Goal, segment_key
+from reports.segments.queries import Segment, SegmentCount, SegmentTotals, resolve
+from reports.shared.params import DAY_MS, DateRange
+from storage.connection import Connection
 from storage.db import Database
 
 MAX_STORED_SEGMENTS = 200
 # Filter values and goal names hold no control character, so no segment key ends so.
 HOURS_SUFFIX = "\x1fhour"
 HOUR_MS = 3_600_000
-
-_REGISTER = (
-    "INSERT INTO traffic_segments (site_id, segment, created_at)"
-    " SELECT ?1, ?2, ?3 WHERE (SELECT count(*) FROM traffic_segments WHERE site_id = ?1) < ?4"
-    " ON CONFLICT DO NOTHING"
-)
-_REGISTERED = "SELECT 1 FROM traffic_segments WHERE site_id = ? AND segment = ?"
-_STORED_TOTALS = (
-    "SELECT day, visitors, pageviews, sessions, events, bounces, duration_ms, conversions,"
-    " goal_events FROM traffic_segment_days"
-    " WHERE site_id = ? AND segment = ? AND day >= ? AND day <= ?"
-)
-_STORE_TOTALS = (
-    "INSERT INTO traffic_segment_days (site_id, segment, day, visitors, pageviews, sessions,"
-    " events, bounces, duration_ms, conversions, goal_events)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
-_STORED_DIMENSION_DAYS = (
-    "SELECT day FROM traffic_segment_dimensions"
-    " WHERE site_id = ? AND segment = ? AND dimension = ? AND day >= ? AND day <= ?"
-)
-_STORED_VALUES = (
-    "SELECT value, sum(visitors), sum(pageviews), sum(events), sum(conversions),"
-    " sum(goal_events) FROM traffic_segment_values"
-    " WHERE site_id = ? AND segment = ? AND dimension = ? AND day >= ? AND day <= ?"
-    " GROUP BY value"
-)
-_STORE_DIMENSION = (
-    "INSERT INTO traffic_segment_dimensions (site_id, segment, dimension, day)"
-    " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
-_STORE_VALUE = (
-    "INSERT INTO traffic_segment_values (site_id, segment, dimension, day, value, visitors,"
-    " pageviews, events, conversions, goal_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-
 
 def merge_counts(counts: Iterable[SegmentCount]) -> list[SegmentCount]:
     merged: dict[str | None, list[int]] = defaultdict(lambda: [0] * 5)
@@ -97,15 +62,15 @@ class SegmentDays(TrafficDays):
         return self._segment
 
     def _count_runs(self, days: list[int], count: Callable[[int, int], dict[int, object]],
-                    store: Callable[[sqlite3.Connection, int, object], None]) -> dict[int, object]:
+                    store: Callable[[Connection, int, object], None]) -> dict[int, object]:
         if days:  # match the `~` filters once, over all the days to count
             self.segment(min(days), max(days))
         return super()._count_runs(days, count, store)
 
-    def _registered(self, conn: sqlite3.Connection, key: str | None = None) -> bool:
+    def _registered(self, conn: Connection, key: str | None = None) -> bool:
         key = key or self.key
-        conn.execute(_REGISTER, (self.site_id, key, self.now_ms, MAX_STORED_SEGMENTS))
-        return conn.execute(_REGISTERED, (self.site_id, key)).fetchone() is not None
+        return queries.register_segment(conn, self.site_id, key, self.now_ms,
+                                        MAX_STORED_SEGMENTS)
 
     def _bucket_days(self, first: int, last: int, width: int) -> dict[int, SegmentTotals]:
         """Days first..last counted in buckets of `width`, by bucket number since 1970."""
@@ -119,21 +84,20 @@ class SegmentDays(TrafficDays):
         return SegmentTotals(*sums) if sums else SegmentTotals()
 
     def day_totals(self, period: DateRange) -> dict[int, SegmentTotals]:
-        first, last = _day_bounds(period)
+        first, last = day_bounds(period)
         totals = dict.fromkeys(range(first, last + 1), self.empty)
         lo, hi = self.within_life(period)
         if lo > hi:
             return totals
-        stored = {row[0]: SegmentTotals(*row[1:]) for row in self.conn.execute(
-            _STORED_TOTALS, (self.site_id, self.key, lo, hi))}
+        stored = queries.stored_segment_totals(self.conn, self.site_id, self.key, lo, hi)
 
         def count(first: int, last: int) -> dict[int, SegmentTotals]:
             days = self._bucket_days(first, last, DAY_MS)
             return {day: days.get(day, self.empty) for day in range(first, last + 1)}
 
-        def store(conn: sqlite3.Connection, day: int, totals: SegmentTotals) -> None:
+        def store(conn: Connection, day: int, totals: SegmentTotals) -> None:
             if self._registered(conn):
-                conn.execute(_STORE_TOTALS, (self.site_id, self.key, day, *totals))
+                queries.store_segment_totals(conn, self.site_id, self.key, {day: totals})
 
         totals.update(stored)
         totals.update(self._count_runs(
@@ -145,13 +109,13 @@ class SegmentDays(TrafficDays):
         hours are stored together, as rows of the segment `<key>` + HOURS_SUFFIX whose `day` column
         holds the hour number."""
         key = self.key + HOURS_SUFFIX
-        first, last = _day_bounds(period)
+        first, last = day_bounds(period)
         hours = dict.fromkeys(range(first * 24, last * 24 + 24), self.empty)
         lo, hi = self.within_life(period)
         if lo > hi:
             return hours
-        stored = {row[0]: SegmentTotals(*row[1:]) for row in self.conn.execute(
-            _STORED_TOTALS, (self.site_id, key, lo * 24, hi * 24 + 23))}
+        stored = queries.stored_segment_totals(self.conn, self.site_id, key, lo * 24,
+                                               hi * 24 + 23)
         stored_days = {hour // 24 for hour in stored}
 
         def count(first: int, last: int) -> dict[int, dict[int, SegmentTotals]]:
@@ -160,10 +124,9 @@ class SegmentDays(TrafficDays):
                           for hour in range(day * 24, day * 24 + 24)}
                     for day in range(first, last + 1)}
 
-        def store(conn: sqlite3.Connection, day: int, day_hours: dict[int, SegmentTotals]) -> None:
+        def store(conn: Connection, day: int, day_hours: dict[int, SegmentTotals]) -> None:
             if self._registered(conn, key):
-                conn.executemany(_STORE_TOTALS, [(self.site_id, key, hour, *totals)
-                                                 for hour, totals in day_hours.items()])
+                queries.store_segment_totals(conn, self.site_id, key, day_hours)
 
         counted = self._count_runs(
             [day for day in range(lo, hi + 1) if day not in stored_days], count, store)
@@ -176,10 +139,10 @@ class SegmentDays(TrafficDays):
         first, last = self.within_life(period)
         if first > last:
             return []
-        bounds = (self.site_id, self.key, by, first, last)
         with self.db.snapshot(self.conn) as conn:
-            stored_days = {row[0] for row in conn.execute(_STORED_DIMENSION_DAYS, bounds)}
-            stored = [SegmentCount(*row) for row in conn.execute(_STORED_VALUES, bounds)]
+            stored_days = queries.stored_segment_dimension_days(
+                conn, self.site_id, self.key, by, first, last)
+            stored = queries.stored_segment_values(conn, self.site_id, self.key, by, first, last)
 
         def count(first: int, last: int) -> dict[int, list[SegmentCount]]:
             segment = self.segment(first, last)
@@ -187,12 +150,9 @@ class SegmentDays(TrafficDays):
                                         (day + 1) * DAY_MS, by)
                     for day in range(first, last + 1)}
 
-        def store(conn: sqlite3.Connection, day: int, counts: list[SegmentCount]) -> None:
-            if not self._registered(conn):
-                return
-            if conn.execute(_STORE_DIMENSION, (self.site_id, self.key, by, day)).rowcount:
-                conn.executemany(_STORE_VALUE, [
-                    (self.site_id, self.key, by, day, *count) for count in counts])
+        def store(conn: Connection, day: int, counts: list[SegmentCount]) -> None:
+            if self._registered(conn):
+                queries.store_segment_values(conn, self.site_id, self.key, by, day, counts)
 
         counted = self._count_runs(
             [day for day in range(first, last + 1) if day not in stored_days], count, store)

@@ -1,12 +1,13 @@
-"""Before raw traffic is deleted, the figures of its days are stored (reports/days.py), so
+"""Before raw traffic is deleted, the figures of its days are stored (reports/days/traffic_days.py), so
 traffic reports over pruned days keep answering from the stored final days."""
 
 from __future__ import annotations
 
 from datetime import date, timedelta
 
-from reports.days import DIMENSIONS, FINAL_DELAY_MS, TrafficDays
-from reports.params import DateRange, day_start_ms
+from reports.days.queries import DIMENSIONS
+from reports.days.traffic_days import FINAL_DELAY_MS, TrafficDays
+from reports.shared.params import DateRange, day_start_ms
 from storage.db import Database
 
 EPOCH = date(1970, 1, 1)

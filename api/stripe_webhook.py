@@ -21,10 +21,10 @@ import stripe
 import metrics
 from api.bodies import parse_json, read_limited
 from api.errors import ApiError, invalid_input, rate_limited
-from integrations.stripe.mapping import UnusableEvent, map_event
 from storage.db import StorageBusy, StorageError
 from storage.directory import Directory
 from storage.stripe import StripeStore
+from validation.stripe import UnusableEvent, map_event
 
 # Stripe's own events stay far below this; an invoice with hundreds of lines is ~500 KB.
 STRIPE_BODY_LIMIT = 1_048_576

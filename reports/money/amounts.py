@@ -47,6 +47,11 @@ def round_half_up(value: Fraction | Decimal | int) -> int:
     return magnitude if value >= 0 else -magnitude
 
 
+def ratio(part: int, whole: int) -> float:
+    """part / whole rounded half up to four decimals; 0 when whole is 0."""
+    return round_half_up(Fraction(part, whole) * 10_000) / 10_000 if whole else 0.0
+
+
 def to_minor(value: Fraction | Decimal | int, currency: str) -> int:
     """The value in whole minor units of the currency, rounded half up."""
     return round_half_up(Fraction(value) * 10 ** minor_unit_exponent(currency))

@@ -1,6 +1,6 @@
 """Each customer's subscription value at many instants (the MRR of every bucket's end).
 
-reports.mrr reads the states once and then only the subscriptions that changed; here the
+reports.money.mrr reads the states once and then only the subscriptions that changed; here the
 values are also kept up to date one subscription at a time: between two instants a
 subscription's value changes only when it was observed or charged in between, or when
 its start or end falls in between. So a series of hours costs about what its changes
@@ -13,8 +13,13 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping
 from decimal import Decimal
 
-from reports.money import exact_decimals
-from reports.mrr import SubscriptionSource, SubscriptionState, SubscriptionValue, monthly_value
+from reports.money.amounts import exact_decimals
+from reports.money.mrr import (
+    SubscriptionSource,
+    SubscriptionState,
+    SubscriptionValue,
+    monthly_value,
+)
 
 
 def values_at_instants(source: SubscriptionSource,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import NamedTuple
 
-from reports.money import exact_decimals, round_money
+from reports.money.amounts import exact_decimals, round_money
 from vocabulary import UNATTRIBUTED
 
 
@@ -20,6 +20,17 @@ class PaymentRow(NamedTuple):
     currency: str
     amount: Decimal
     fee: Decimal | None = None
+    count: int = 1
+
+
+class RevenuePayment(NamedTuple):
+    """`count` succeeded payments alike, dated at `at_ms`'s bucket."""
+
+    customer_id: str
+    kind: str
+    currency: str
+    amount: Decimal
+    at_ms: int
     count: int = 1
 
 

@@ -1,1 +1,0 @@
-"""Integrations that turn other services' notifications into Tally's records."""

@@ -1,1 +1,0 @@
-"""Stripe webhooks: `mapping` (pure: events to Tally writes) and `webhook` (the route)."""

@@ -1,0 +1,1 @@
+"""Traffic counted per UTC day, stored once a day is final, and kept before pruning."""

@@ -1,0 +1,1 @@
+"""Segments: filters and goals, and filtered traffic counted per day and stored."""

@@ -1,0 +1,1 @@
+"""Traffic figures: the aggregate and breakdowns (pure), and the realtime view."""
