@@ -143,8 +143,11 @@ class Flusher:
                 due = time.monotonic() + self.interval
                 metrics.queue_depth(self.queue.held)
                 units = self.queue.take()
-                if units:
-                    self._store(units)
+                # At most a quarter of the queue a transaction: the write lock is held
+                # for one such part at a time, so the other workers' flushes and payments
+                # wait for one part, not for everything this worker took.
+                for part in _parts(units, max(1, self.queue.max_events // 4)):
+                    self._store(part)
                 with self._rounds:
                     self._completed = ticket
                     self._rounds.notify_all()
@@ -286,6 +289,23 @@ class Flusher:
                 self._conn.close()
             finally:
                 self._conn = None
+
+
+def _parts(units: list[Accepted], events: int) -> list[list[Accepted]]:
+    """The units in order, in consecutive parts of at most `events` events (a larger unit
+    is a part of its own)."""
+    parts: list[list[Accepted]] = []
+    part: list[Accepted] = []
+    size = 0
+    for unit in units:
+        if part and size + len(unit.events) > events:
+            parts.append(part)
+            part, size = [], 0
+        part.append(unit)
+        size += len(unit.events)
+    if part:
+        parts.append(part)
+    return parts
 
 
 def _split(units: list[Accepted]) -> tuple[list[Accepted], list[Accepted]] | None:

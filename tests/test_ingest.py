@@ -275,3 +275,23 @@ def test_sigterm_drains_every_acknowledged_event(db_path, server_factory):
     assert count(db_path, "SELECT events FROM monthly_usage") == 1520
     assert count(db_path, "SELECT count(DISTINCT name) FROM events") == 31
     assert "could not be stored" not in server.log()
+
+
+def test_a_flush_writes_at_most_a_quarter_of_the_queue_a_transaction(store, db_path):
+    transactions = []
+
+    def counting_write(conn, batch):
+        transactions.append(len(batch.rows))
+        write_batch(conn, batch)
+
+    guard = QuotaGuard(store, FakeClock(NOW_MS / 1000))
+    flusher = make_flusher(store, write=counting_write, quota=guard, queue_max=200)
+    for _ in range(7):
+        guard.hold((1, "2026-09"), 25)
+        assert flusher.submit(unit(25))
+    assert flusher.flush_now(timeout=WAIT)
+    assert transactions == [50, 50, 50, 25]  # whole units, in order, at most 200 / 4 each
+    assert count(db_path) == 175
+    assert guard.used((1, "2026-09")) == 175
+    flusher.stop(timeout=5)
+    assert QuotaGuard(store, FakeClock(NOW_MS / 1000)).used((1, "2026-09")) == 175
