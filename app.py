@@ -20,6 +20,7 @@ from api import errors, media
 from api.auth import Authenticator, key_scope
 from api.collect import build_collect
 from api.events import build_events
+from api.funnels import add_funnel_routes
 from api.metrics import MetricsResource, RequestMetrics
 from api.openapi import OpenApiDocument
 from api.payments import PaymentsResource
@@ -38,6 +39,7 @@ from quota.usage import QuotaGuard
 from storage.backend import open_database
 from storage.db import Database
 from storage.directory import Directory
+from storage.funnels import Funnels
 from storage.payments import PaymentStore
 from storage.reads import ReadPool
 from storage.stripe import StripeStore
@@ -138,6 +140,7 @@ class Tally:
                      threads=config.read_threads, nice=config.read_nice) for _ in range(2))
         self.services += [self.reads, self.anonymous_reads]
         add_stats_routes(self.wsgi, self.auth, db, clock, self.reads, config.flush_interval)
+        add_funnel_routes(self.wsgi, self.auth, Funnels(db, clock))
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
         self.dashboard = Dashboard(config=config, db=db, directory=self.directory, clock=clock,
                                    random_bytes=random_bytes, reads=self.reads,

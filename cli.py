@@ -29,6 +29,7 @@ from reports.service import run_report
 from reports.shared.csv_text import as_csv
 from reports.shared.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter
 from reports.shared.text import (
+    funnel_lines,
     goals_lines,
     mrr_lines,
     realtime_lines,
@@ -190,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
             ("traffic", "traffic totals and a breakdown"),
             ("timeseries", "traffic and revenue per hour, day, week or month"),
             ("goals", "custom events with conversions and the revenue of converters"),
+            ("funnel", "visitors step by step through a funnel (--steps or --funnel)"),
             ("realtime", "the last 5 and 30 minutes")):
         sub = report.add_parser(name, help=help_text)
         sub.add_argument("--site", required=True, metavar="SITE_ID")
@@ -216,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--goal", metavar="NAME", help="a custom event, or page:/PATH")
         if name in ("revenue", "traffic", "timeseries"):
             sub.add_argument("--compare", choices=COMPARISONS)
+        if name == "funnel":
+            sub.add_argument("--steps", metavar="STEPS",
+                             help="e.g. 'page:/pricing,goal:Signup,payment' (see README)")
+            sub.add_argument("--funnel", metavar="NAME", help="a funnel stored on the site")
+        if name in ("revenue", "traffic", "timeseries", "funnel"):
             sub.add_argument("--csv", action="store_true",
                              help="print CSV (for traffic: its breakdown)")
     return parser
@@ -695,6 +702,15 @@ def _report_goals(args, ctx):
         "from": args.from_date, "to": args.to_date, "filters": args.filters,
         "limit": args.limit}))
     return json_ready(data), goals_lines(data, table)
+
+
+@command("report", "funnel")
+def _report_funnel(args, ctx):
+    (data,) = _run_reports(args, ctx, ("funnel", {
+        "from": args.from_date, "to": args.to_date, "filters": args.filters,
+        "steps": args.steps, "funnel": args.funnel}))
+    lines = _csv_lines("funnel", data) if args.csv else funnel_lines(data, table)
+    return json_ready(data), lines
 
 
 @command("report", "realtime")

@@ -649,4 +649,17 @@ CREATE TABLE IF NOT EXISTS invitations (
 );
 CREATE INDEX IF NOT EXISTS invitations_account ON invitations (account_id);
 
-PRAGMA user_version = 19;
+
+-- Funnels (issue 30) -----------------------------------------------------------------
+-- Version 20 added it. A site's named funnels: `steps` is the JSON list of the funnel's
+-- steps as GET /api/v1/stats/funnel takes them (reports/funnels/steps.py checks them).
+CREATE TABLE IF NOT EXISTS funnels (
+    id          INTEGER PRIMARY KEY,
+    site_id     INTEGER NOT NULL REFERENCES sites (id),
+    name        TEXT    NOT NULL CHECK (length(name) BETWEEN 1 AND 100),
+    steps       TEXT    NOT NULL CHECK (json_valid(steps)),
+    created_at  INTEGER NOT NULL,
+    UNIQUE (site_id, name)
+);
+
+PRAGMA user_version = 20;

@@ -1,5 +1,5 @@
 """GET /api/v1/stats/*: revenue, MRR, MRR movements, traffic aggregate, breakdown, time
-series, goals and realtime.
+series, goals, realtime and funnels.
 
 Scope `read`; a key only ever sees its own site. Parameters are checked by
 reports.shared.params and a bad one is 400 invalid_input with its message. Breakdown, revenue
@@ -30,6 +30,7 @@ STATS_ROUTES = {
     "/api/v1/stats/timeseries": "timeseries",
     "/api/v1/stats/goals": "goals",
     "/api/v1/stats/realtime": "realtime",
+    "/api/v1/stats/funnel": "funnel",
 }
 
 

@@ -215,32 +215,39 @@ def traffic_tables(reports: Reports, params: dict, revenue: dict | None = None,
                    currency: str | None = None) -> list[dict]:
     tables = []
     for by, title, heading in TRAFFIC_TABLES:
-        if by in report_params.BREAKDOWN_DIMENSIONS:
-            data = reports.get("breakdown", {**params, "by": by, "limit": str(TABLE_ROWS)}) or {}
-            tables.append({"by": by, "title": title, "heading": heading,
-                           "rows": data.get("rows", [])})
-        elif by == "campaign" and revenue is not None:
-            tables.append(campaign_table(reports, params, currency))
-        else:
+        if by not in report_params.BREAKDOWN_DIMENSIONS:
             reports._note(f"the {title.lower()} breakdown (by={by})")
-    return [t for t in tables if t is not None]
+            continue
+        # One more campaign than shown: visits without a campaign are not a row of its own.
+        limit = TABLE_ROWS + (by == "campaign")
+        data = reports.get("breakdown", {**params, "by": by, "limit": str(limit)}) or {}
+        rows = data.get("rows", [])
+        if by == "campaign":
+            rows = [row for row in rows if row["value"] is not None][:TABLE_ROWS]
+        table = {"by": by, "title": title, "heading": heading, "rows": rows}
+        if by == "campaign" and revenue is not None:
+            table = campaign_table(reports, params, table, currency)
+        tables.append(table)
+    return tables
 
 
-def campaign_table(reports: Reports, params: dict, currency: str | None) -> dict | None:
-    """Campaigns from the revenue report by first-touch campaign (the traffic breakdown has
-    no by=campaign): the campaigns that brought paying customers, with their visitors."""
-    what = "the campaigns table without revenue (a traffic breakdown by=campaign)"
+def campaign_table(reports: Reports, params: dict, table: dict, currency: str | None) -> dict:
+    """Every campaign with visitors (the traffic breakdown by=campaign), with the net
+    revenue and paying customers its first-touched visitors brought (revenue by=campaign);
+    a campaign that brought money but no visit in the period comes after them."""
     data = reports.get("revenue", {**params, "by": "campaign"}) if currency else None
     entry = ((data or {}).get("currencies") or {}).get(currency or "", {})
-    if data is None or data.get("by") != "campaign":
-        reports._note(what)
-        return None
-    reports._note(what)
-    rows = [{"value": row["value"], "visitors": row.get("visitors"), "revenue": row["net"],
-             "customers": row.get("paying_customers")}
-            for row in entry.get("rows", []) if row["value"] not in (None, "Unattributed")]
-    return {"by": "campaign", "title": "Campaigns", "heading": "Campaign", "rows": rows[:TABLE_ROWS],
-            "money": True}
+    money = {row["value"]: row for row in entry.get("rows", [])
+             if row["value"] not in (None, "Unattributed")}
+    rows = []
+    for row in table["rows"]:
+        paid = money.pop(row["value"], {})
+        rows.append({**row, "revenue": paid.get("net", 0),
+                     "customers": paid.get("paying_customers", 0)})
+    for name, paid in money.items():
+        rows.append({"value": name, "visitors": paid.get("visitors") or 0,
+                     "revenue": paid["net"], "customers": paid.get("paying_customers")})
+    return {**table, "rows": rows[:TABLE_ROWS], "money": True}
 
 
 def goal_rows(reports: Reports, params: dict, currency: str | None) -> list[dict]:

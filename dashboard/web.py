@@ -16,6 +16,7 @@ import orjson
 
 from api.bodies import read_limited
 from api.client_ip import address_block, client_ip
+from api.funnels import checked_funnel
 from dashboard import filters as filter_text
 from dashboard import passwords
 from dashboard.figures import Reports, dashboard_figures, primary_currency
@@ -27,6 +28,7 @@ from reports.service import too_expensive
 from reports.shared.params import InvalidReportParameter, utc_today
 from storage.db import Database, ReadBudgetExceeded
 from storage.directory import Directory, InvalidArgument, NotFound, SiteRecord
+from storage.funnels import Funnels
 from storage.maintenance import delete_site
 from storage.people import ROLES, People, SetupClosed
 from storage.reads import ReadPool, ReadsBusy
@@ -71,6 +73,9 @@ PAGE_ROUTES = (
     ("GET", "/sites/{site_id}", "site"),
     ("GET", "/sites/{site_id}/live", "live"),
     ("GET", "/sites/{site_id}/revenue", "revenue"),
+    ("GET", "/sites/{site_id}/funnels", "funnels"),
+    ("POST", "/sites/{site_id}/funnels", "funnels"),
+    ("POST", "/sites/{site_id}/funnels/delete", "funnel_delete"),
     ("GET", "/sites/{site_id}/settings", "settings"),
     ("POST", "/sites/{site_id}/settings/keys", "key_create"),
     ("POST", "/sites/{site_id}/settings/keys/{key_id}/revoke", "key_revoke"),
@@ -140,6 +145,7 @@ class Dashboard:
         self.shares = SharedLinks(db, clock, random_bytes)
         self.site_settings = SiteSettings(db)
         self.people = People(db, clock, random_bytes)
+        self.funnels = Funnels(db, clock)
 
     def add_routes(self, app: falcon.App) -> None:
         seen = set()
@@ -529,6 +535,73 @@ class Dashboard:
                       title="Revenue · " + (", ".join(sorted(site.hosts)) or site.public_id))
         _html(resp, body, 400 if error else 200)
 
+    # funnels -----------------------------------------------------------------
+    def on_get_funnels(self, req, resp, site_id):
+        own = self._own_site(req, resp, site_id)
+        if own is not None:
+            self._funnels_page(req, resp, *own)
+
+    def _funnels_page(self, req, resp, user, site, *, form: dict | None = None,
+                      error: str | None = None, status: int = 200):
+        query = {**self._query(req), "goal": "", "funnel": req.get_param("funnel") or "",
+                 "steps": req.get_param("steps") or ""}
+        period, period_error = self._view(req, query)
+        stored = self.funnels.list(site.id)
+        if not query["funnel"] and not query["steps"] and stored:
+            query["funnel"] = stored[0]["name"]
+        reports = Reports(self.db, site.id, self.clock())
+        base = f"/sites/{site.public_id}"
+
+        def figures() -> tuple[dict | None, str | None]:
+            if not query["funnel"] and not query["steps"]:
+                return None, None
+            params = {**period.params(), "filters": query["filters"],
+                      "funnel": query["funnel"], "steps": query["steps"]}
+            try:
+                return reports.get("funnel", params), None
+            except InvalidReportParameter as exc:
+                return None, str(exc)
+
+        done, answer = self._read(resp, figures, user, base + "/funnels")
+        if not done:
+            return
+        data, refused = answer
+        error = error or refused or period_error
+        funnel = None if data is None else {
+            "name": data.get("funnel"), "filters": data.get("filters"), "steps": data["steps"],
+            "revenue": data.get("revenue")}
+        body = render("funnels.html", user=user, site=site, base=base, period=period,
+                      periods=PERIODS, query=query, error=error, funnel=funnel, stored=stored,
+                      form=form or {"name": "", "steps": ""}, step_label=_step_label,
+                      link=_linker(base + "/funnels", query),
+                      title="Funnels · " + (", ".join(sorted(site.hosts)) or site.public_id))
+        _html(resp, body, 400 if error and status == 200 else status)
+
+    def on_post_funnels(self, req, resp, site_id):
+        checked = self._settings_post(req, resp, site_id)
+        if checked is None:
+            return
+        user, site, form = checked
+        typed = {"name": self._field(form, "name"), "steps": self._field(form, "steps")}
+        steps = [s.strip() for line in typed["steps"].splitlines() for s in line.split(",")]
+        try:
+            name, steps = checked_funnel({"name": typed["name"], "steps": [s for s in steps if s]})
+            self.funnels.save(site.id, name, steps)
+        except (InvalidReportParameter, InvalidArgument) as exc:
+            return self._funnels_page(req, resp, user, site, form=typed, error=str(exc),
+                                      status=400)
+        _redirect(resp, f"/sites/{site_id}/funnels?" + urllib.parse.urlencode({"funnel": name}))
+
+    def on_post_funnel_delete(self, req, resp, site_id):
+        checked = self._settings_post(req, resp, site_id)
+        if checked is None:
+            return
+        user, site, form = checked
+        if not self.funnels.delete(site.id, self._field(form, "name")):
+            return _html(resp, render("message.html", title="Not found", user=user,
+                                      message="This site has no such funnel."), 404)
+        _redirect(resp, f"/sites/{site_id}/funnels")
+
     # settings ----------------------------------------------------------------
     def _settings_page(self, req, resp, user, site, *, new_key: dict | None = None,
                        new_share: str | None = None, error: str | None = None,
@@ -878,6 +951,12 @@ def _chart_json(figures: dict, revenue: bool) -> str | None:
             net = money.get("net") if isinstance(money, dict) else money
             points["revenue"].append(float(net or 0))
     return _script_json(points)
+
+
+def _step_label(step: str) -> str:
+    """page:/pricing -> Page /pricing; goal:Signup -> Goal Signup; payment -> Payment."""
+    kind, _, value = step.partition(":")
+    return f"{kind.capitalize()} {value}".strip()
 
 
 def _script_json(payload) -> str:

@@ -137,8 +137,13 @@ def breakdown(query: Query, period: DateRange, by: str, limit: int) -> dict:
     """Filters only on the breakdown's own dimension keep or drop whole rows, so the rows
     of the plain breakdown (stored days) answer them; other filters count a segment."""
     if query.goal is None and query.filters and all(f.dimension == by for f in query.filters):
-        plain = TrafficDays(query.db, query.site_id, query.now_ms).values(period, by)
+        plain = (TrafficDays(query.db, query.site_id, query.now_ms) if by in STORED_DIMENSIONS
+                 else query.segment_days((), None)).values(period, by)
         counts = [c for c in plain if touch_matches(query.filters, {by: c.value})]
+    elif by not in STORED_DIMENSIONS:
+        # The UTM dimensions are not kept per day with the site's traffic: the unfiltered
+        # segment ("*") keeps them, so they too are counted once a day is final.
+        counts = query.segment_days().values(period, by)
     else:
         counts = query.days().values(period, by)
     return {**query.header(period), "by": by,

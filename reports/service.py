@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from reports import assembly
+from reports.funnels.funnel import funnel
+from reports.funnels.steps import check_steps, parse_steps
 from reports.money.amounts import exact_decimals
 from reports.money.revenue_by import REVENUE_DIMENSIONS
 from reports.segments.filters import parse_compare, parse_filters, parse_goal
 from reports.shared.params import (
+    InvalidReportParameter,
     check_known,
     parse_at,
     parse_choice,
@@ -23,6 +26,7 @@ from reports.shared.params import (
 )
 from reports.timeseries import parse_interval
 from storage.db import Database
+from storage.funnels import Funnels
 
 Params = Mapping[str, object]
 RANGE = ("from", "to")
@@ -90,6 +94,26 @@ def _realtime(db: Database, site_id: int, params: Params, now: float,
     return assembly.realtime(db, site_id, int(now * 1000), max_delay_seconds)
 
 
+def _funnel(db: Database, site_id: int, params: Params, now: float, stores: bool) -> dict:
+    check_known(params, ("steps", "funnel", *RANGE, "filters"))
+    period = parse_date_range(params, utc_today(now))
+    filters = parse_filters(params)
+    steps, name = parse_steps(params), params.get("funnel")
+    if (steps is None) == (name is None):
+        raise InvalidReportParameter(
+            "steps: give steps (2 to 8, separated by commas, each page:/PATH, goal:NAME or"
+            " payment) or funnel (the name of a stored funnel), one of them")
+    head = {"from": period.start.isoformat(), "to": period.end.isoformat()}
+    if filters:
+        head["filters"] = ";".join(f.text() for f in filters)
+    if name is not None:
+        stored = Funnels(db, lambda: now).find(site_id, str(name))
+        if stored is None:
+            raise InvalidReportParameter(f"funnel: this site has no funnel named {name!r}")
+        steps, head["funnel"] = check_steps(stored["steps"]), stored["name"]
+    return {**head, **funnel(db, site_id, period, steps, filters)}
+
+
 def too_expensive(seconds: float) -> str:
     """What a report stopped by its read budget (storage.db.ReadBudgetExceeded) answers."""
     return (f"this report needs more than the {seconds:g} s a read may take"
@@ -107,6 +131,7 @@ REPORTS: dict[str, Report] = {
     "timeseries": _timeseries,
     "goals": _goals,
     "realtime": _realtime,  # takes max_delay_seconds instead of stores
+    "funnel": _funnel,
 }
 
 

@@ -13,10 +13,26 @@ from collections.abc import Callable, Iterable
 import orjson
 
 from storage.db import Database
+from storage.statements import statement
 
 KEY_BYTES = 32
 _BROWSER_ID = re.compile(r"[0-9a-f]{32}")
 _PERSON = b"tally.browser.id"  # BLAKE2b personalisation: never equal to a daily hash
+
+
+_BROWSER_ID_KEY = statement("SELECT key FROM browser_id_key WHERE id = 1")
+_INSERT_KEY = statement(
+    "INSERT OR IGNORE INTO browser_id_key (id, key, created_at) VALUES (1, ?, ?)")
+_SITE_HAS_LINKS = statement("SELECT 1 FROM browser_links WHERE site_id = ? LIMIT 1")
+_LINKED_VISITORS = statement(
+    "SELECT l.daily_visitor_id, l.visitor_id FROM json_each(?) AS w"
+    " CROSS JOIN browser_links l WHERE l.site_id = ? AND l.daily_visitor_id = w.value")
+_WRITE_LINKS = statement(
+    "INSERT INTO browser_links (site_id, daily_visitor_id, visitor_id, day, seen_at)"
+    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (site_id, daily_visitor_id) DO UPDATE SET"
+    " visitor_id = excluded.visitor_id, seen_at = excluded.seen_at"
+    " WHERE excluded.seen_at >= browser_links.seen_at")
+_PRUNE_LINKS = statement("DELETE FROM browser_links WHERE day < ?")
 
 
 def is_browser_id(value: object) -> bool:
@@ -35,24 +51,24 @@ def browser_id_key(conn: sqlite3.Connection, random_bytes: Callable[[int], bytes
                    db: Database | None = None) -> bytes:
     """The installation's key, made from `random_bytes` when none exists (the first writer
     wins). Outside a transaction it writes in one of `db`'s."""
-    row = conn.execute("SELECT key FROM browser_id_key WHERE id = 1").fetchone()
+    row = conn.execute(_BROWSER_ID_KEY).fetchone()
     if row is None:
         if conn.in_transaction or db is None:
             _insert_key(conn, random_bytes(KEY_BYTES), now_ms)
         else:
             with db.transaction(conn):
                 _insert_key(conn, random_bytes(KEY_BYTES), now_ms)
-        row = conn.execute("SELECT key FROM browser_id_key WHERE id = 1").fetchone()
+        row = conn.execute(_BROWSER_ID_KEY).fetchone()
     return row[0]
 
 
 def _insert_key(conn: sqlite3.Connection, key: bytes, now_ms: int) -> None:
-    conn.execute("INSERT OR IGNORE INTO browser_id_key (id, key, created_at) VALUES (1, ?, ?)",
+    conn.execute(_INSERT_KEY,
                  (key, now_ms))
 
 
 def site_has_links(conn: sqlite3.Connection, site_id: int) -> bool:
-    return conn.execute("SELECT 1 FROM browser_links WHERE site_id = ? LIMIT 1",
+    return conn.execute(_SITE_HAS_LINKS,
                         (site_id,)).fetchone() is not None
 
 
@@ -60,19 +76,15 @@ def linked_visitors(conn: sqlite3.Connection, site_id: int,
                     daily_ids: Iterable[int]) -> dict[int, int]:
     """daily ip+ua visitor id -> browser visitor id, for those of `daily_ids` linked."""
     return dict(conn.execute(
-        "SELECT l.daily_visitor_id, l.visitor_id FROM json_each(?) AS w"
-        " CROSS JOIN browser_links l WHERE l.site_id = ? AND l.daily_visitor_id = w.value",
+        _LINKED_VISITORS,
         (orjson.dumps(list(daily_ids)), site_id)))
 
 
 def write_links(conn: sqlite3.Connection, links: Iterable[tuple[int, int, int, int, int]]) -> None:
     """(site id, daily visitor id, browser visitor id, day, seen at): the latest seen wins."""
     conn.executemany(
-        "INSERT INTO browser_links (site_id, daily_visitor_id, visitor_id, day, seen_at)"
-        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (site_id, daily_visitor_id) DO UPDATE SET"
-        " visitor_id = excluded.visitor_id, seen_at = excluded.seen_at"
-        " WHERE excluded.seen_at >= browser_links.seen_at", links)
+        _WRITE_LINKS, links)
 
 
 def prune_links(conn: sqlite3.Connection, before_day: int) -> None:
-    conn.execute("DELETE FROM browser_links WHERE day < ?", (before_day,))
+    conn.execute(_PRUNE_LINKS, (before_day,))

@@ -13,39 +13,44 @@ import orjson
 
 from storage import deadletters
 from storage.dialect import counted_by_month, dialect
+from storage.statements import by_dialect, native, postgres_spelling, statement
 
 # Counted events per account and UTC month of ts, with the boundary events that may
 # have been received (so counted) in the month before or after. Every anonymous event
 # counts; a keyed one unless its name is uncounted.
-EVENTS_BY_MONTH = {name: f"""
-SELECT s.account_id, {counted_by_month(name)}
+_EVENTS_BY_MONTH = """
+SELECT s.account_id, {counted}
   FROM events e JOIN sites s ON s.id = e.site_id
  WHERE (e.name NOT IN (SELECT value FROM json_each(?)) OR e.anonymous = 1)
  GROUP BY s.account_id, month
-""" for name in ("sqlite", "postgres")}  # noqa: S608 - fixed fragments by dialect
-USAGE = "SELECT account_id, month, events FROM monthly_usage"
-# Counted events deleted by retention or erasure (storage/maintenance.py), same columns.
-DELETED = "SELECT account_id, month, events, early, late FROM deleted_events"
-ACCOUNT_IDS = "SELECT id, public_id FROM accounts"
-TABLES = {
-    "sqlite": "SELECT name FROM sqlite_master WHERE type = 'table'",
-    "postgres": "SELECT table_name FROM information_schema.tables"
-                " WHERE table_schema = current_schema()",
-}
-
-POSTGRES_INVALID_INDEXES = """
-SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
- WHERE c.relnamespace = current_schema()::regnamespace AND NOT (i.indisvalid AND i.indisready)
- ORDER BY c.relname
 """
+EVENTS_BY_MONTH = by_dialect(**{name: _EVENTS_BY_MONTH.format(counted=counted_by_month(name))
+                                for name in ("sqlite", "postgres")})
+USAGE = statement("SELECT account_id, month, events FROM monthly_usage")
+# Counted events deleted by retention or erasure (storage/maintenance.py), same columns.
+DELETED = statement("SELECT account_id, month, events, early, late FROM deleted_events")
+ACCOUNT_IDS = statement("SELECT id, public_id FROM accounts")
+TABLES = by_dialect(
+    sqlite="SELECT name FROM sqlite_master WHERE type = 'table'",
+    postgres="SELECT table_name FROM information_schema.tables"
+             " WHERE table_schema = current_schema()",
+)
+
+POSTGRES_INVALID_INDEXES = native("postgres",
+    """
+    SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+    WHERE c.relnamespace = current_schema()::regnamespace AND NOT (i.indisvalid AND i.indisready)
+ ORDER BY c.relname
+""")
 # One query per foreign key of Tally's schema, counting the rows whose key has no parent
 # (MATCH SIMPLE: a key with a NULL column refers to nothing). PostgreSQL quotes the names.
-POSTGRES_FOREIGN_KEY_CHECKS = """
-SELECT format('SELECT count(*) FROM %s AS child WHERE %s AND NOT EXISTS'
-              ' (SELECT 1 FROM %s AS parent WHERE %s)',
-              k.conrelid::regclass, string_agg(format('child.%I IS NOT NULL', ca.attname), ' AND '),
-              k.confrelid::regclass,
-              string_agg(format('parent.%I = child.%I', pa.attname, ca.attname), ' AND '))
+POSTGRES_FOREIGN_KEY_CHECKS = native("postgres",
+    """
+    SELECT format('SELECT count(*) FROM %s AS child WHERE %s AND NOT EXISTS'
+    ' (SELECT 1 FROM %s AS parent WHERE %s)',
+    k.conrelid::regclass, string_agg(format('child.%I IS NOT NULL', ca.attname), ' AND '),
+    k.confrelid::regclass,
+    string_agg(format('parent.%I = child.%I', pa.attname, ca.attname), ' AND '))
   FROM pg_constraint k
  CROSS JOIN LATERAL unnest(k.conkey, k.confkey) AS pair (child_column, parent_column)
   JOIN pg_attribute ca ON ca.attrelid = k.conrelid AND ca.attnum = pair.child_column
@@ -53,7 +58,11 @@ SELECT format('SELECT count(*) FROM %s AS child WHERE %s AND NOT EXISTS'
  WHERE k.contype = 'f' AND k.connamespace = current_schema()::regnamespace
  GROUP BY k.oid, k.conrelid, k.confrelid
  ORDER BY k.oid
-"""
+""")
+
+
+_INTEGRITY_CHECK = native("sqlite", "PRAGMA integrity_check")
+_FOREIGN_KEY_CHECK = native("sqlite", "PRAGMA foreign_key_check")
 
 
 @dataclass
@@ -89,16 +98,16 @@ def run_checks(conn: sqlite3.Connection, usage_mismatches: UsageCheck) -> CheckR
     """usage_mismatches: quota.audit.usage_mismatches (mismatches, account-months checked)."""
     report = CheckReport()
     if dialect(conn) == "sqlite":
-        rows = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        rows = [r[0] for r in conn.execute(_INTEGRITY_CHECK)]
         report.integrity = [] if rows == ["ok"] else rows
-        report.foreign_keys = len(conn.execute("PRAGMA foreign_key_check").fetchall())
+        report.foreign_keys = len(conn.execute(_FOREIGN_KEY_CHECK).fetchall())
     else:
         # PostgreSQL checks its own pages (data checksums): a server whose storage is damaged
         # fails the queries below. What it can leave behind is an index a failed (concurrent)
         # build or reindex left unusable, and rows written with triggers disabled.
         report.integrity = [f"index {name} is invalid"
                             for (name,) in conn.execute(POSTGRES_INVALID_INDEXES)]
-        report.foreign_keys = sum(conn.execute(query).fetchone()[0]
+        report.foreign_keys = sum(conn.execute(postgres_spelling(query)).fetchone()[0]
                                   for (query,) in conn.execute(POSTGRES_FOREIGN_KEY_CHECKS))
     if report.integrity:
         return report

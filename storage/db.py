@@ -386,6 +386,45 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA busy_timeout = {int(wait_ms)}")  # sql-safe: an int
 
 
+def grouped_transaction(conn: sqlite3.Connection, items: list,
+                        write: Callable[[object], None]) -> list[BaseException | None]:
+    """One BEGIN IMMEDIATE ... COMMIT for all `items`, each written by `write(item)` inside
+    a SAVEPOINT of its own: an item whose write raises is rolled back alone. Returns each
+    item's failure (None: stored). Raises what fails the transaction as a whole (the lock,
+    the COMMIT, SQLite rolling everything back), and then nothing of it is stored."""
+    failures: list[BaseException | None] = []
+    begin_immediate(conn)
+    try:
+        for item in items:
+            conn.execute("SAVEPOINT item")
+            try:
+                write(item)
+                failures.append(None)
+            except Exception as exc:
+                if not conn.in_transaction:
+                    raise  # the whole transaction is gone (a full disk, I/O): all fail
+                conn.execute("ROLLBACK TO item")
+                failures.append(exc)
+            conn.execute("RELEASE item")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return failures
+
+
+def set_busy_timeout(conn, ms: int) -> None:
+    """How long this connection waits for the write lock: SQLite's busy_timeout, PostgreSQL's
+    lock_timeout."""
+    if getattr(conn, "dialect", "sqlite") == "postgres":
+        conn.set_lock_timeout(ms)
+    else:
+        conn.execute(f"PRAGMA busy_timeout = {int(ms)}")  # sql-safe: an int
+        if isinstance(conn, _Connection):
+            conn.lock_wait_ms = int(ms)
+
+
 def integrity_problems(conn: sqlite3.Connection) -> list[str]:
     """What is wrong with the file, [] when it is sound.
 

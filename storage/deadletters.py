@@ -12,12 +12,16 @@ from collections.abc import Iterable
 
 import orjson
 
-INSERT = ("INSERT INTO dead_letters (site_id, account_id, month, set_aside_at, reason, event)"
-          " VALUES (?, ?, ?, ?, ?, ?)")
-COUNT = "SELECT count(*) FROM dead_letters"
-LIST = ("SELECT d.id, s.public_id, d.site_id, d.month, d.set_aside_at, d.reason, d.event"
-        "  FROM dead_letters d LEFT JOIN sites s ON s.id = d.site_id"
-        " ORDER BY d.id DESC LIMIT ?")
+from storage.statements import statement
+
+INSERT = statement(
+    "INSERT INTO dead_letters (site_id, account_id, month, set_aside_at, reason, event)"
+    " VALUES (?, ?, ?, ?, ?, ?)")
+COUNT = statement("SELECT count(*) FROM dead_letters")
+LIST = statement(
+    "SELECT d.id, s.public_id, d.site_id, d.month, d.set_aside_at, d.reason, d.event"
+    "  FROM dead_letters d LEFT JOIN sites s ON s.id = d.site_id"
+    " ORDER BY d.id DESC LIMIT ?")
 REASON_MAX_CHARS = 500
 
 

@@ -12,12 +12,44 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from storage.db import Database
+from storage.statements import statement
 from vocabulary import PLAN_NAMES, SCOPES
 
 KEY_PREFIX = "tly_"
 # tly_ followed by 32 random bytes in unpadded base64url (256 bits).
 KEY_PATTERN = re.compile(r"tly_[A-Za-z0-9_-]{43}")
 _HOST_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+
+
+_CREATE_ACCOUNT = statement(
+    "INSERT INTO accounts (public_id, name, plan, created_at) VALUES (?, ?, ?, ?)")
+_LIST_ACCOUNTS = statement("SELECT public_id, name, plan FROM accounts ORDER BY id")
+_GET_ACCOUNT = statement("SELECT public_id, name, plan FROM accounts WHERE public_id = ?")
+_SET_PLAN = statement("UPDATE accounts SET plan = ? WHERE public_id = ?")
+_ACCOUNT_ID = statement("SELECT id FROM accounts WHERE public_id = ?")
+_INSERT_SITE = statement(
+    "INSERT INTO sites (public_id, account_id, created_at) VALUES (?, ?, ?) RETURNING id")
+_INSERT_SITE_HOST = statement("INSERT INTO site_hosts (site_id, host) VALUES (?, ?)")
+_LIST_SITES = statement(
+    "SELECT s.id, s.public_id, a.public_id FROM sites s JOIN accounts a ON a.id = s.account_id"
+    " WHERE ? IS NULL OR a.public_id = ? ORDER BY s.id")
+_FIND_SITE = statement(
+    "SELECT s.id, s.public_id, a.id, a.public_id, a.plan"
+    " FROM sites s JOIN accounts a ON a.id = s.account_id WHERE s.public_id = ?")
+_SITE_ID = statement("SELECT id FROM sites WHERE public_id = ?")
+_INSERT_KEY = statement(
+    "INSERT INTO api_keys (public_id, site_id, secret_hash, prefix, scopes, created_at)"
+    " VALUES (?, ?, ?, ?, ?, ?)")
+_LIST_KEYS = statement(
+    "SELECT k.public_id, s.public_id, k.prefix, k.scopes, k.created_at, k.revoked_at"
+    " FROM api_keys k JOIN sites s ON s.id = k.site_id"
+    " WHERE ? IS NULL OR s.public_id = ? ORDER BY k.id")
+_KEY_REVOKED_AT = statement("SELECT revoked_at FROM api_keys WHERE public_id = ?")
+_REVOKE_KEY = statement("UPDATE api_keys SET revoked_at = ? WHERE public_id = ?")
+_FIND_KEY = statement(
+    "SELECT k.public_id, k.site_id, s.public_id, k.scopes, k.revoked_at, k.secret_hash"
+    " FROM api_keys k JOIN sites s ON s.id = k.site_id WHERE k.secret_hash = ?")
+_SITE_HOSTS = statement("SELECT host FROM site_hosts WHERE site_id = ? ORDER BY host")
 
 
 class NotFound(LookupError):
@@ -86,19 +118,19 @@ class Directory:
         public_id = self._new_id("acct_")
         with self.db.transaction() as conn:
             conn.execute(
-                "INSERT INTO accounts (public_id, name, plan, created_at) VALUES (?, ?, ?, ?)",
+                _CREATE_ACCOUNT,
                 (public_id, name, plan, self._now_ms()),
             )
         return {"id": public_id, "name": name, "plan": plan}
 
     def list_accounts(self) -> list[dict]:
-        rows = self.db.conn().execute("SELECT public_id, name, plan FROM accounts ORDER BY id")
+        rows = self.db.conn().execute(_LIST_ACCOUNTS)
         return [{"id": r[0], "name": r[1], "plan": r[2]} for r in rows]
 
     def get_account(self, account_id: str) -> dict:
         row = (
             self.db.conn()
-            .execute("SELECT public_id, name, plan FROM accounts WHERE public_id = ?", (account_id,))
+            .execute(_GET_ACCOUNT, (account_id,))
             .fetchone()
         )
         if row is None:
@@ -109,7 +141,7 @@ class Directory:
         _check_plan(plan)
         with self.db.transaction() as conn:
             cursor = conn.execute(
-                "UPDATE accounts SET plan = ? WHERE public_id = ?", (plan, account_id)
+                _SET_PLAN, (plan, account_id)
             )
             if cursor.rowcount == 0:
                 raise NotFound(f"no account {account_id}")
@@ -123,16 +155,16 @@ class Directory:
         public_id = self._new_id("site_")
         with self.db.transaction() as conn:
             row = conn.execute(
-                "SELECT id FROM accounts WHERE public_id = ?", (account_id,)
+                _ACCOUNT_ID, (account_id,)
             ).fetchone()
             if row is None:
                 raise NotFound(f"no account {account_id}")
             site_id = conn.execute(
-                "INSERT INTO sites (public_id, account_id, created_at) VALUES (?, ?, ?) RETURNING id",
+                _INSERT_SITE,
                 (public_id, row[0], self._now_ms()),
             ).fetchone()[0]
             conn.executemany(
-                "INSERT INTO site_hosts (site_id, host) VALUES (?, ?)",
+                _INSERT_SITE_HOST,
                 [(site_id, host) for host in normalized],
             )
         return {"id": public_id, "account": account_id, "hosts": normalized}
@@ -142,8 +174,7 @@ class Directory:
         if account_id is not None:
             self.get_account(account_id)
         rows = conn.execute(
-            "SELECT s.id, s.public_id, a.public_id FROM sites s JOIN accounts a ON a.id = s.account_id"
-            " WHERE ? IS NULL OR a.public_id = ? ORDER BY s.id",
+            _LIST_SITES,
             (account_id, account_id),
         ).fetchall()
         return [
@@ -157,8 +188,7 @@ class Directory:
         with self.db.storage_errors():
             conn = self.db.conn()
             row = conn.execute(
-                "SELECT s.id, s.public_id, a.id, a.public_id, a.plan"
-                " FROM sites s JOIN accounts a ON a.id = s.account_id WHERE s.public_id = ?",
+                _FIND_SITE,
                 (public_id,),
             ).fetchone()
             if row is None:
@@ -178,12 +208,11 @@ class Directory:
         secret = KEY_PREFIX + base64.urlsafe_b64encode(self.random_bytes(32)).decode().rstrip("=")
         public_id = self._new_id("key_")
         with self.db.transaction() as conn:
-            row = conn.execute("SELECT id FROM sites WHERE public_id = ?", (site_id,)).fetchone()
+            row = conn.execute(_SITE_ID, (site_id,)).fetchone()
             if row is None:
                 raise NotFound(f"no site {site_id}")
             conn.execute(
-                "INSERT INTO api_keys (public_id, site_id, secret_hash, prefix, scopes, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                _INSERT_KEY,
                 (public_id, row[0], hash_secret(secret), secret[:8], ",".join(chosen), self._now_ms()),
             )
         return {"id": public_id, "key": secret, "site": site_id, "scopes": chosen}
@@ -192,9 +221,7 @@ class Directory:
         if site_id is not None and self.find_site(site_id) is None:
             raise NotFound(f"no site {site_id}")
         rows = self.db.conn().execute(
-            "SELECT k.public_id, s.public_id, k.prefix, k.scopes, k.created_at, k.revoked_at"
-            " FROM api_keys k JOIN sites s ON s.id = k.site_id"
-            " WHERE ? IS NULL OR s.public_id = ? ORDER BY k.id",
+            _LIST_KEYS,
             (site_id, site_id),
         )
         return [
@@ -212,13 +239,13 @@ class Directory:
     def revoke_key(self, key_id: str) -> dict:
         with self.db.transaction() as conn:
             row = conn.execute(
-                "SELECT revoked_at FROM api_keys WHERE public_id = ?", (key_id,)
+                _KEY_REVOKED_AT, (key_id,)
             ).fetchone()
             if row is None:
                 raise NotFound(f"no key {key_id}")
             if row[0] is None:
                 conn.execute(
-                    "UPDATE api_keys SET revoked_at = ? WHERE public_id = ?",
+                    _REVOKE_KEY,
                     (self._now_ms(), key_id),
                 )
         return {"id": key_id, "revoked": True}
@@ -228,8 +255,7 @@ class Directory:
         StorageBusy (a 503 to retry), never None, which would refuse a valid key 401."""
         with self.db.storage_errors():
             row = self.db.conn().execute(
-                "SELECT k.public_id, k.site_id, s.public_id, k.scopes, k.revoked_at, k.secret_hash"
-                " FROM api_keys k JOIN sites s ON s.id = k.site_id WHERE k.secret_hash = ?",
+                _FIND_KEY,
                 (secret_hash,),
             ).fetchone()
         if row is None or not secrets.compare_digest(row[5], secret_hash):
@@ -239,7 +265,7 @@ class Directory:
 
 def site_hosts(conn: sqlite3.Connection, site_id: int) -> list[str]:
     """The site's hostnames, sorted."""
-    rows = conn.execute("SELECT host FROM site_hosts WHERE site_id = ? ORDER BY host", (site_id,))
+    rows = conn.execute(_SITE_HOSTS, (site_id,))
     return [r[0] for r in rows]
 
 

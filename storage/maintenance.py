@@ -22,9 +22,18 @@ import orjson
 from storage.browser_ids import browser_visitor_id, is_browser_id
 from storage.db import Database, integrity_problems
 from storage.dialect import counted_by_month, dialect
+from storage.statements import by_dialect, native, statement
 from vocabulary import TS_FUTURE_MS, TS_PAST_MS, UNCOUNTED_EVENTS
 
 BATCH = 5_000
+
+
+_JOURNAL_IN_ONE_FILE = native("sqlite", "PRAGMA journal_mode = DELETE")
+_USER_VERSION = native("sqlite", "PRAGMA user_version")
+
+
+_DELETE_EVENTS_OF_SITE = statement("DELETE FROM events WHERE site_id = ?")
+_DELETE_SITE = statement("DELETE FROM sites WHERE id = ?")
 
 
 class MaintenanceError(Exception):
@@ -77,10 +86,10 @@ def _backup_sqlite(db: Database, partial: Path) -> tuple[int, str]:
         try:
             source.backup(target)  # pages=-1: the whole file within one read transaction
             # A backup is one self-contained file: no -wal beside it.
-            target.execute("PRAGMA journal_mode = DELETE")
+            target.execute(_JOURNAL_IN_ONE_FILE)
             problems = integrity_problems(target)
             integrity = "ok" if not problems else "; ".join(problems[:20])
-            version = target.execute("PRAGMA user_version").fetchone()[0]
+            version = target.execute(_USER_VERSION).fetchone()[0]
         finally:
             target.close()
     finally:
@@ -88,9 +97,10 @@ def _backup_sqlite(db: Database, partial: Path) -> tuple[int, str]:
     return version, integrity
 
 
-_CURRENT_SCHEMA = "SELECT current_schema()"
-_SCHEMA_TABLES = ("SELECT table_name FROM information_schema.tables"
-                  " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'")
+_CURRENT_SCHEMA = native("postgres", "SELECT current_schema()")
+_SCHEMA_TABLES = native("postgres",
+    "SELECT table_name FROM information_schema.tables"
+    " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'")
 
 
 def _backup_postgres(db, partial: Path) -> tuple[int, str]:
@@ -198,9 +208,9 @@ def _restore_sqlite(db: Database, source: Path) -> RestoreResult:
             copy = sqlite3.connect(partial)
             try:
                 reader.backup(copy)
-                copy.execute("PRAGMA journal_mode = DELETE")  # one file, no -wal beside it
+                copy.execute(_JOURNAL_IN_ONE_FILE)  # one file, no -wal beside it
                 problems = integrity_problems(copy)
-                version = copy.execute("PRAGMA user_version").fetchone()[0]
+                version = copy.execute(_USER_VERSION).fetchone()[0]
             finally:
                 copy.close()
         finally:
@@ -227,9 +237,9 @@ def _restore_sqlite(db: Database, source: Path) -> RestoreResult:
 
 _ARCHIVE_SCHEMA = re.compile(r"^\d+; \d+ \d+ SCHEMA - (\S+) ", re.MULTILINE)
 _SCHEMA_COMMENT = re.compile(r"^\d+; \d+ \d+ COMMENT - SCHEMA (\S+) ", re.MULTILINE)
-_SEARCH_PATH = "SELECT current_schema(), current_setting('search_path')"
-_SCHEMA_EXISTS = "SELECT count(*) FROM pg_namespace WHERE nspname = ?"
-_SCHEMA_OBJECTS = (
+_SEARCH_PATH = native("postgres", "SELECT current_schema(), current_setting('search_path')")
+_SCHEMA_EXISTS = native("postgres", "SELECT count(*) FROM pg_namespace WHERE nspname = ?")
+_SCHEMA_OBJECTS = native("postgres",
     "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
     "         WHERE n.nspname = ?)"
     "     + (SELECT count(*) FROM pg_proc f JOIN pg_namespace n ON n.oid = f.pronamespace"
@@ -327,22 +337,22 @@ def _fsync_folder(folder: Path) -> None:
 
 # Retention -----------------------------------------------------------------------------
 
-_SITES_WITH_RAW = (
+_SITES_WITH_RAW = statement(
     "SELECT id FROM sites WHERE EXISTS (SELECT 1 FROM events WHERE site_id = sites.id AND ts < ?)"
     " OR EXISTS (SELECT 1 FROM sessions WHERE site_id = sites.id AND started_at < ?)"
 )
-_RAW_DAYS = (
+_RAW_DAYS = statement(
     "SELECT DISTINCT ts / 86400000 FROM events WHERE site_id = ? AND ts < ?"
     " UNION SELECT DISTINCT started_at / 86400000 FROM sessions WHERE site_id = ? AND started_at < ?"
 )
-_STORED_DAY = (
+_STORED_DAY = statement(
     "SELECT (SELECT count(*) FROM traffic_days WHERE site_id = ? AND day = ?),"
     " (SELECT count(*) FROM traffic_day_dimensions WHERE site_id = ? AND day = ?)"
 )
-_OLD_EVENT_IDS = "SELECT id FROM events WHERE site_id = ? AND ts < ? LIMIT ?"
-_DELETE_EVENTS = "DELETE FROM events WHERE id IN (SELECT value FROM json_each(?))"
+_OLD_EVENT_IDS = statement("SELECT id FROM events WHERE site_id = ? AND ts < ? LIMIT ?")
+_DELETE_EVENTS = statement("DELETE FROM events WHERE id IN (SELECT value FROM json_each(?))")
 # The counted events among those about to be deleted, as storage/check.py counts them.
-_RECORD_DELETED = {name: f"""
+_RECORD_DELETED = by_dialect(**{name: f"""
 INSERT INTO deleted_events (account_id, month, events, early, late)
 SELECT s.account_id, {counted_by_month(name)}
   FROM events e JOIN sites s ON s.id = e.site_id
@@ -350,7 +360,7 @@ SELECT s.account_id, {counted_by_month(name)}
  GROUP BY s.account_id, month
  ON CONFLICT (account_id, month) DO UPDATE SET events = deleted_events.events + excluded.events,
     early = deleted_events.early + excluded.early, late = deleted_events.late + excluded.late
-""" for name in ("sqlite", "postgres")}  # noqa: S608 - fixed fragments by dialect
+""" for name in ("sqlite", "postgres")})  # noqa: S608 - fixed fragments by dialect
 
 
 def _delete_events(conn: sqlite3.Connection, ids: list[int]) -> int:
@@ -360,15 +370,16 @@ def _delete_events(conn: sqlite3.Connection, ids: list[int]) -> int:
     return conn.execute(_DELETE_EVENTS, (batch,)).rowcount
 # A session some customer's first touch points at is kept: revenue by channel reads it.
 # One still being extended (seen after the cut-off) is kept too.
-_OLD_SESSIONS = (
+_OLD_SESSIONS = statement(
     "SELECT id FROM sessions WHERE site_id = ? AND started_at < ? AND last_seen_at < ?"
     " AND id NOT IN (SELECT session_id FROM customer_first_touch"
     "                 WHERE site_id = ? AND session_id IS NOT NULL)"
     " LIMIT ?"
 )
-_KEPT_SESSIONS = "SELECT count(*) FROM sessions WHERE site_id = ? AND started_at < ?"
-_DELETE_SESSION_VISITORS = "DELETE FROM session_visitors WHERE session_id IN (SELECT value FROM json_each(?))"
-_DELETE_SESSIONS = "DELETE FROM sessions WHERE id IN (SELECT value FROM json_each(?))"
+_KEPT_SESSIONS = statement("SELECT count(*) FROM sessions WHERE site_id = ? AND started_at < ?")
+_DELETE_SESSION_VISITORS = statement(
+    "DELETE FROM session_visitors WHERE session_id IN (SELECT value FROM json_each(?))")
+_DELETE_SESSIONS = statement("DELETE FROM sessions WHERE id IN (SELECT value FROM json_each(?))")
 
 
 def sites_with_raw_traffic(db: Database, before_ms: int) -> list[int]:
@@ -421,22 +432,25 @@ def delete_raw_traffic(db: Database, site_id: int, before_ms: int) -> PruneResul
 
 # Erasure -------------------------------------------------------------------------------
 
-_CUSTOMER = "SELECT user_id, visitor_id FROM customers WHERE site_id = ? AND customer_id = ?"
-_FIRST_TOUCH = "SELECT session_id FROM customer_first_touch WHERE site_id = ? AND customer_id = ?"
+_CUSTOMER = statement(
+    "SELECT user_id, visitor_id FROM customers WHERE site_id = ? AND customer_id = ?")
+_FIRST_TOUCH = statement(
+    "SELECT session_id FROM customer_first_touch WHERE site_id = ? AND customer_id = ?")
 # Setting user_id and visitor_id fires the trigger that recomputes the first touch (from no
 # link: none); _KEEP_FIRST_TOUCH then puts back the one found before.
-_ERASE_CUSTOMER = (
+_ERASE_CUSTOMER = statement(
     "UPDATE customers SET email = NULL, name = NULL, metadata = NULL, user_id = NULL,"
     " visitor_id = NULL, updated_at = ? WHERE site_id = ? AND customer_id = ?"
 )
-_KEEP_FIRST_TOUCH = (
+_KEEP_FIRST_TOUCH = statement(
     "UPDATE customer_first_touch SET session_id = ? WHERE site_id = ? AND customer_id = ?"
 )
-_OTHER_CUSTOMER_WITH_USER = (
+_OTHER_CUSTOMER_WITH_USER = statement(
     "SELECT 1 FROM customers WHERE site_id = ? AND user_id = ? AND customer_id <> ? LIMIT 1"
 )
-_DELETE_IDENTITIES_OF_USER = "DELETE FROM visitor_identities WHERE site_id = ? AND uid = ?"
-_CLEAR_EVENT_UIDS = (
+_DELETE_IDENTITIES_OF_USER = statement(
+    "DELETE FROM visitor_identities WHERE site_id = ? AND uid = ?")
+_CLEAR_EVENT_UIDS = statement(
     "UPDATE events SET uid = NULL WHERE id IN"
     " (SELECT id FROM events WHERE site_id = ? AND uid = ? LIMIT ?)"
 )
@@ -475,26 +489,31 @@ def erase_customer(db: Database, site_id: int, customer_id: str, now_ms: int) ->
     return CustomerErasure(identities, events)
 
 
-_VISITOR_SESSIONS = "SELECT session_id FROM session_visitors WHERE site_id = ? AND visitor_id = ?"
-_FIRST_TOUCH_SESSIONS = (
+_VISITOR_SESSIONS = statement(
+    "SELECT session_id FROM session_visitors WHERE site_id = ? AND visitor_id = ?")
+_FIRST_TOUCH_SESSIONS = statement(
     "SELECT session_id FROM customer_first_touch WHERE site_id = ?"
     " AND session_id IN (SELECT value FROM json_each(?))"
 )
-_ANONYMIZE_SESSIONS = "UPDATE sessions SET visitor_id = 0 WHERE id IN (SELECT value FROM json_each(?))"
-_DELETE_VISITOR_LINKS = "DELETE FROM session_visitors WHERE site_id = ? AND visitor_id = ?"
-_DELETE_VISITOR_IDENTITIES = "DELETE FROM visitor_identities WHERE site_id = ? AND visitor_id = ?"
+_ANONYMIZE_SESSIONS = statement(
+    "UPDATE sessions SET visitor_id = 0 WHERE id IN (SELECT value FROM json_each(?))")
+_DELETE_VISITOR_LINKS = statement(
+    "DELETE FROM session_visitors WHERE site_id = ? AND visitor_id = ?")
+_DELETE_VISITOR_IDENTITIES = statement(
+    "DELETE FROM visitor_identities WHERE site_id = ? AND visitor_id = ?")
 # A browser visitor's links from the daily ip+ua ids it was seen under (and the reverse).
-_DELETE_BROWSER_LINKS = (
+_DELETE_BROWSER_LINKS = statement(
     "DELETE FROM browser_links WHERE site_id = ? AND (visitor_id = ? OR daily_visitor_id = ?)"
 )
-_BROWSER_KEY = "SELECT key FROM browser_id_key WHERE id = 1"
-_CUSTOMERS_OF_VISITOR = "SELECT customer_id FROM customers WHERE site_id = ? AND visitor_id = ?"
-_CLEAR_CUSTOMER_VISITOR = (
+_BROWSER_KEY = statement("SELECT key FROM browser_id_key WHERE id = 1")
+_CUSTOMERS_OF_VISITOR = statement(
+    "SELECT customer_id FROM customers WHERE site_id = ? AND visitor_id = ?")
+_CLEAR_CUSTOMER_VISITOR = statement(
     "UPDATE customers SET visitor_id = NULL, updated_at = ? WHERE site_id = ? AND customer_id = ?"
 )
 # The visitor's events, and those of its deleted sessions under another visitor id (the
 # same browser after midnight UTC, when the daily visitor id changes).
-_VISITOR_EVENTS = (
+_VISITOR_EVENTS = statement(
     "SELECT id FROM events WHERE site_id = ? AND"
     " (visitor_id = ? OR session_id IN (SELECT value FROM json_each(?))) LIMIT ?"
 )
@@ -571,7 +590,7 @@ _SITE_TABLES = (
     "customer_first_touch", "first_touch_refresh", "session_visitors", "visitor_identities",
     "browser_links", "sessions", "subscription_observations", "subscriptions", "payments",
     "customers", "stripe_objects", "stripe_events", "stripe_webhook_secrets", "shared_links",
-    "api_keys", "site_identity_secrets", "dead_letters", "site_hosts",
+    "api_keys", "site_identity_secrets", "dead_letters", "funnels", "site_hosts",
 )
 _DELETE_SITE_ROWS = {table: f"DELETE FROM {table} WHERE site_id = ?"  # noqa: S608 - fixed names
                      for table in _SITE_TABLES}
@@ -591,6 +610,6 @@ def delete_site(db: Database, site_id: int) -> int:
     with db.transaction() as conn:
         for table in _SITE_TABLES:
             conn.execute(_DELETE_SITE_ROWS[table], (site_id,))
-        conn.execute("DELETE FROM events WHERE site_id = ?", (site_id,))
-        conn.execute("DELETE FROM sites WHERE id = ?", (site_id,))
+        conn.execute(_DELETE_EVENTS_OF_SITE, (site_id,))
+        conn.execute(_DELETE_SITE, (site_id,))
     return events

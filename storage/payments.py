@@ -25,7 +25,8 @@ from decimal import Decimal
 import orjson
 
 from storage.browser_ids import browser_id_key, browser_visitor_id, is_browser_id
-from storage.db import Database, StorageBusy, StorageError, begin_immediate, is_transient
+from storage.db import Database, StorageBusy, StorageError, grouped_transaction, is_transient
+from storage.statements import statement
 from validation.common import decimal_text
 from validation.payment import Customer, Instant, Payment, Subscription
 
@@ -37,7 +38,7 @@ _MERGE_CUSTOMER_COLUMN = (
     "{c} = CASE WHEN excluded.as_of_ms >= customers.as_of_ms THEN coalesce(excluded.{c}, customers.{c})"
     " ELSE coalesce(customers.{c}, excluded.{c}) END"
 )
-_UPSERT_CUSTOMER = (
+_UPSERT_CUSTOMER = statement(
     "INSERT INTO customers (site_id, customer_id, email, user_id, visitor_id, name, country,"  # noqa: S608 - fixed columns
     " metadata, as_of_ms, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (site_id, customer_id) DO UPDATE SET "
@@ -46,7 +47,7 @@ _UPSERT_CUSTOMER = (
     + ", as_of_ms = max(customers.as_of_ms, excluded.as_of_ms), updated_at = excluded.updated_at"
 )
 
-_UPSERT_PAYMENT = (
+_UPSERT_PAYMENT = statement(
     "INSERT INTO payments (site_id, payment_id, customer_id, amount, currency, fee, kind, status,"
     " paid_at, paid_at_ms, metadata, subscription_id, created_at, updated_at)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -67,21 +68,30 @@ SUBSCRIPTION_STATE = (
 _STATE_COLUMNS = ", ".join(SUBSCRIPTION_STATE)
 _STATE_MARKS = ", ".join("?" for _ in SUBSCRIPTION_STATE)
 
-_INSERT_OBSERVATION = (
+_INSERT_OBSERVATION = statement(
     f"INSERT INTO subscription_observations (site_id, {_STATE_COLUMNS}, received_at)"  # noqa: S608 - fixed columns
     f" VALUES (?, {_STATE_MARKS}, ?)"
 )
-_LATEST_OBSERVATION = (
+_LATEST_OBSERVATION = statement(
     f"SELECT {_STATE_COLUMNS} FROM subscription_observations"  # noqa: S608 - fixed columns
     " WHERE site_id = ? AND subscription_id = ? ORDER BY effective_at_ms DESC, id DESC LIMIT 1"
 )
-_UPSERT_SUBSCRIPTION = (
+_UPSERT_SUBSCRIPTION = statement(
     f"INSERT INTO subscriptions (site_id, {_STATE_COLUMNS}, updated_at)"  # noqa: S608 - fixed columns
     f" VALUES (?, {_STATE_MARKS}, ?) ON CONFLICT (site_id, subscription_id) DO UPDATE SET "
     # sql-safe: identifiers from the fixed tuple SUBSCRIPTION_STATE
     + ", ".join(f"{column} = excluded.{column}" for column in SUBSCRIPTION_STATE[1:])
     + ", updated_at = excluded.updated_at"
 )
+
+
+_SUBSCRIPTION_OF_PAYMENT = statement(
+    "SELECT subscription_id FROM subscription_observations"
+    " WHERE site_id = ? AND payment_id = ?")
+_DELETE_OBSERVATION_OF_PAYMENT = statement(
+    "DELETE FROM subscription_observations WHERE site_id = ? AND payment_id = ?")
+_DELETE_SUBSCRIPTION = statement(
+    "DELETE FROM subscriptions WHERE site_id = ? AND subscription_id = ?")
 
 
 # The most payments one group transaction takes: bounds how long the write lock is held
@@ -136,12 +146,11 @@ class PaymentStore:
         Returns the subscriptions whose latest state may have changed.
         """
         previous = conn.execute(
-            "SELECT subscription_id FROM subscription_observations"
-            " WHERE site_id = ? AND payment_id = ?",
+            _SUBSCRIPTION_OF_PAYMENT,
             (site_id, payment.payment_id),
         ).fetchone()
         conn.execute(
-            "DELETE FROM subscription_observations WHERE site_id = ? AND payment_id = ?",
+            _DELETE_OBSERVATION_OF_PAYMENT,
             (site_id, payment.payment_id),
         )
         touched = {previous[0]} if previous else set()
@@ -240,23 +249,13 @@ class GroupCommit:
 
     @staticmethod
     def _commit(conn: sqlite3.Connection, group: list[_Waiting]) -> None:
-        begin_immediate(conn)
-        try:
-            for waiting in group:
-                conn.execute("SAVEPOINT payment")
-                try:
-                    PaymentStore.write(conn, waiting.site_id, waiting.payment, waiting.now_ms)
-                except Exception as exc:
-                    if not conn.in_transaction:
-                        raise  # SQLite rolled the whole transaction back: all fail
-                    conn.execute("ROLLBACK TO payment")
-                    waiting.error = _mapped(exc)  # api/payments.py logs it
-                conn.execute("RELEASE payment")
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        def write(waiting: _Waiting) -> None:
+            PaymentStore.write(conn, waiting.site_id, waiting.payment, waiting.now_ms)
+
+        failures = grouped_transaction(conn, group, write)
+        for waiting, failure in zip(group, failures, strict=True):
+            if failure is not None:
+                waiting.error = _mapped(failure)  # api/payments.py logs it
 
 
 def _mapped(exc: BaseException) -> BaseException:
@@ -293,7 +292,7 @@ def refresh_subscription(conn: sqlite3.Connection, site_id: int, subscription_id
     latest = conn.execute(_LATEST_OBSERVATION, (site_id, subscription_id)).fetchone()
     if latest is None:
         conn.execute(
-            "DELETE FROM subscriptions WHERE site_id = ? AND subscription_id = ?",
+            _DELETE_SUBSCRIPTION,
             (site_id, subscription_id),
         )
     else:
@@ -339,19 +338,19 @@ def _json_text(value: dict | None) -> str | None:
 
 # Reading one payment or customer of a site, for GET /api/v1/payments/{id} and
 # /api/v1/customers/{id}; callers read them inside Database.snapshot().
-_CUSTOMER = (
+_CUSTOMER = statement(
     "SELECT customer_id, email, user_id, visitor_id, name, country, metadata FROM customers"
     " WHERE site_id = ? AND customer_id = ?"
 )
-_PAYMENT = (
+_PAYMENT = statement(
     "SELECT payment_id, customer_id, amount, currency, fee, kind, status, paid_at, metadata"
     " FROM payments WHERE site_id = ? AND payment_id = ?"
 )
-_SUBSCRIPTION = (
+_SUBSCRIPTION = statement(
     "SELECT subscription_id, plan, interval, status, amount, started_at, current_period_end,"
     " canceled_at, ended_at FROM subscription_observations WHERE site_id = ? AND payment_id = ?"
 )
-_SUCCEEDED_AMOUNTS = (
+_SUCCEEDED_AMOUNTS = statement(
     "SELECT currency, kind, amount FROM payments"
     " WHERE site_id = ? AND customer_id = ? AND status = 'succeeded'"
 )

@@ -1,11 +1,10 @@
 """PostgreSQL through psycopg 3, behind the same interface as storage.db.Database.
 
 Storage's SQL is written once, in the subset SQLite and PostgreSQL share, with SQLite's
-`?`/`?N` placeholders. `PostgresConnection` gives the rest of Tally the sqlite3 connection
-it already uses (execute, executemany, fetchone, rowcount, in_transaction) and rewrites
-each statement once (`translate`, cached): placeholders become psycopg's, and the few
-constructs the two spell differently are respelled. Statements that differ in substance
-choose their text by `dialect(conn)` where they are defined.
+`?`/`?N` placeholders, and declared through storage.statements, which compiles each
+statement's PostgreSQL spelling when it is declared. `PostgresConnection` gives the rest
+of Tally the sqlite3 connection it already uses (execute, executemany, fetchone, rowcount,
+in_transaction) and runs a declared statement's compiled spelling as is.
 
 Writers are serialized as SQLite serializes them: `BEGIN IMMEDIATE` takes one
 transaction-scoped advisory lock, so every invariant the flush relies on (session ids
@@ -25,10 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from importlib.resources import files
-from typing import NamedTuple
 from urllib.parse import urlsplit
 
-import orjson
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql as pg_sql
@@ -47,6 +44,7 @@ from storage.db import (
     StorageError,
     schema,
 )
+from storage.statements import Statement, UnsupportedSQL, _ListText, translate
 
 SCHEMA_PATH = files(__package__) / "schema_postgres.sql"
 
@@ -96,10 +94,6 @@ class _TextLoader(Loader):
         return _unescape_text(text) if _ESCAPE in text else text
 
 
-class _ListText(str):
-    """A str inside a list parameter: typed text, so the array is text[] (unnest needs a type)."""
-
-
 class _TypedTextDumper(_TextDumper):
     oid = psycopg.adapters.types["text"].oid
 
@@ -137,145 +131,14 @@ def _adapt(context) -> None:
     adapters.register_loader("numeric", _NumericLoader)
 
 
-# --- statement translation ----------------------------------------------------------------
-
-_TOKEN = re.compile(r"""
-    (?P<string>'(?:[^']|'')*')
-  | (?P<ident>"(?:[^"]|"")*")
-  | (?P<comment>--[^\n]*)
-  | (?P<param>\?(?P<number>\d+)?(?:@(?P<mark>list|isnull))?)
-  | (?P<percent>%)
-""", re.VERBOSE)
-
-# `x IN (SELECT value FROM json_each(?))`, storage's one-statement list parameter, is
-# `x = ANY(?)` with the JSON list decoded, so the array takes x's type.
-_IN_JSON_LIST = re.compile(
-    r"\b(NOT\s+)?IN\s*\(\s*SELECT\s+value\s+FROM\s+json_each\s*\(\s*\?(\d*)\s*\)\s*\)",
-    re.IGNORECASE)
-# `? IS NULL` leaves PostgreSQL no type to give the parameter: the test is made in Python.
-_PARAM_IS_NULL = re.compile(r"\?(\d*)\s+IS\s+(NOT\s+)?NULL\b", re.IGNORECASE)
-_SCALAR_EXTREMES = re.compile(r"\b(max|min)\s*\(", re.IGNORECASE)
-# `FROM json_each(?) AS w` walks a JSON array parameter: unnest the decoded list instead,
-# so w.value has the elements' type.
-_JSON_LIST_TABLE = re.compile(
-    r"\bjson_each\s*\(\s*\?(\d*)\s*\)\s+(?:AS\s+)?(?!WHERE\b|CROSS\b|JOIN\b|ON\b)(\w+)",
-    re.IGNORECASE)
-_JSON_LIST = re.compile(r"\bjson_each\s*\(\s*\?(\d*)\s*\)", re.IGNORECASE)
-_INSERT_OR_IGNORE = re.compile(r"\bINSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
-_RETURNING = re.compile(r"\bRETURNING\b", re.IGNORECASE)
-_LITERAL = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
-# lower() and upper() change only ASCII letters in SQLite; under COLLATE "C" the same here.
-_CASE_MAPPING = re.compile(_LITERAL.pattern + r"|\b(?:lower|upper)\s*\(", re.IGNORECASE)
-_RENAMED_FUNCTIONS = (
-    (re.compile(r"\binstr\s*\(", re.IGNORECASE), "strpos("),
-    (re.compile(r"\bjson_each\s*\(", re.IGNORECASE), "tally_json_each("),
-)
-
-
-@functools.lru_cache(maxsize=4096)
-def translate(sql: str) -> Translation:
-    """The PostgreSQL spelling of one of storage's statements, and how its parameters map."""
-    order: list[int] = []
-    lists: set[int] = set()
-    null_tests: set[int] = set()
-    numbered = False
-
-    def replace(match: re.Match) -> str:
-        nonlocal numbered
-        kind = match.lastgroup
-        if kind == "percent":
-            return "%%"
-        if kind == "param" or kind == "number":
-            number = match.group("number")
-            if number is not None:
-                numbered = True
-                order.append(int(number) - 1)
-            else:
-                order.append(len(order))
-            mark = match.group("mark")
-            if mark == "list":
-                lists.add(len(order) - 1)
-            elif mark == "isnull":
-                null_tests.add(len(order) - 1)
-            return "%s"
-        return match.group(0).replace("%", "%%")  # psycopg reads % inside literals too
-
-    text = _IN_JSON_LIST.sub(
-        lambda m: f"{'<> ALL' if m.group(1) else '= ANY'}(?{m.group(2)}@list)", sql)
-    text = _JSON_LIST_TABLE.sub(lambda m: f"unnest(?{m.group(1)}@list) AS {m.group(2)}(value)", text)
-    text = _JSON_LIST.sub(lambda m: f"unnest(?{m.group(1)}@list) AS json_each(value)", text)
-    text = _PARAM_IS_NULL.sub(
-        lambda m: f"(?{m.group(1)}@isnull = {0 if m.group(2) else 1})", text)
-    text = _TOKEN.sub(replace, text)
-    text = _respell_scalar_extremes(text)
-    text = _respell_case_mapping(text)
-    if _INSERT_OR_IGNORE.search(text):
-        text = _INSERT_OR_IGNORE.sub("INSERT INTO", text)
-        returning = _RETURNING.search(text)
-        if returning:
-            text = f"{text[:returning.start()]}ON CONFLICT DO NOTHING {text[returning.start():]}"
-        else:
-            text = f"{text.rstrip().rstrip(';')} ON CONFLICT DO NOTHING"
-    for pattern, replacement in _RENAMED_FUNCTIONS:
-        text = pattern.sub(replacement, text)
-    return Translation(text, tuple(order) if numbered else None, frozenset(lists),
-                       frozenset(null_tests))
-
-
-class Translation(NamedTuple):
-    text: str
-    order: tuple[int, ...] | None  # the parameter each placeholder takes, None: in turn
-    lists: frozenset[int]  # placeholders whose JSON-array text becomes a list
-    null_tests: frozenset[int]  # placeholders that take whether their value is None
-
-    def arguments(self, params):
-        if not params:
-            return params
-        values = list(params) if self.order is None else [params[i] for i in self.order]
-        for i in self.lists:
-            if isinstance(values[i], str | bytes):
-                values[i] = [_ListText(v) if isinstance(v, str) else v
-                             for v in orjson.loads(values[i])]
-        for i in self.null_tests:
-            values[i] = values[i] is None
-        return values
-
-
-def _respell_scalar_extremes(text: str) -> str:
-    """max(a, b) and min(a, b), SQLite's scalar forms, are GREATEST and LEAST here."""
-    out, start = [], 0
-    for match in _SCALAR_EXTREMES.finditer(text):
-        depth, i, commas = 1, match.end(), 0
-        while i < len(text) and depth:
-            char = text[i]
-            depth += {"(": 1, ")": -1}.get(char, 0)
-            commas += char == "," and depth == 1
-            i += 1
-        if commas:
-            name = "GREATEST(" if match.group(1).lower() == "max" else "LEAST("
-            out.append(text[start:match.start()] + name)
-            start = match.end()
-    return "".join(out) + text[start:]
-
-
-def _respell_case_mapping(text: str) -> str:
-    """lower(x) and upper(x) become lower((x) COLLATE "C") and upper((x) COLLATE "C")."""
-    inserts = []
-    for match in _CASE_MAPPING.finditer(text):
-        if match.group(0)[0] in "'\"":
-            continue
-        depth, i = 1, match.end()
-        while depth and i < len(text):
-            literal = _LITERAL.match(text, i)
-            if literal:
-                i = literal.end()
-                continue
-            depth += {"(": 1, ")": -1}.get(text[i], 0)
-            i += 1
-        inserts += [(match.end(), "("), (i - 1, ') COLLATE "C"')]
-    for at, piece in sorted(inserts, reverse=True):
-        text = text[:at] + piece + text[at:]
-    return text
+def _compiled(sql: str):
+    """A declared statement's PostgreSQL spelling, compiled when it was declared; any other
+    text (the suite's own statements) is compiled once and cached, by the same compiler."""
+    if isinstance(sql, Statement):
+        if sql.postgres is None:
+            raise UnsupportedSQL(f"a statement for SQLite only, run on PostgreSQL: {sql[:200]}")
+        return sql.postgres
+    return translate(sql)
 
 
 # --- errors ---------------------------------------------------------------------------------
@@ -373,7 +236,7 @@ class PostgresConnection:
             return self._begin(immediate="IMMEDIATE" in sql.upper())
         if keyword.startswith("PRAGMA"):
             return self._pragma(sql)
-        statement = translate(sql)
+        statement = _compiled(sql)
         if self.budget is not None:
             self._within_budget()
         cursor = self.raw.cursor()
@@ -386,7 +249,7 @@ class PostgresConnection:
         return PostgresCursor(cursor)
 
     def executemany(self, sql: str, rows) -> PostgresCursor:
-        statement = translate(sql)
+        statement = _compiled(sql)
         if self.budget is not None:
             self._within_budget()
         cursor = self.raw.cursor()

@@ -13,10 +13,15 @@ from collections.abc import Iterable, Sequence
 
 import orjson
 
+from storage.dialect import dialect
 from storage.sparse import SparseInsert
+from storage.statements import by_dialect, statement
 from vocabulary import UTM_KEYS
 
 _ALIAS = re.compile(r"[a-z][a-z0-9_]*")
+
+
+_NEXT_SESSION_ID = statement("SELECT max(id) FROM sessions")
 
 
 def first_touch_join(owner: str, session: str = "fs") -> str:
@@ -34,21 +39,58 @@ def first_touch_join(owner: str, session: str = "fs") -> str:
     )
 
 
-_FIRST_SESSION = (
+# The owner's columns are cast so that PostgreSQL knows their types before the parameters'.
+_OWNER = " FROM (SELECT CAST(?1 AS INTEGER) AS site_id, CAST(?2 AS TEXT) AS customer_id) AS owner"
+_FIRST_SESSION = statement(
     "SELECT fs.id, fs.channel, fs.source, fs.referrer, fs.landing_page, "  # noqa: S608 - fixed names
     + ", ".join(f"fs.{key}" for key in UTM_KEYS) + ", fs.started_at"  # sql-safe: fixed UTM_KEYS
-    + " FROM (SELECT ?1 AS site_id, ?2 AS customer_id) AS owner"
-    + first_touch_join("owner")  # sql-safe: a fixed alias
+    + _OWNER + first_touch_join("owner")  # sql-safe: a fixed alias
 )
-_FIRST_CHANNEL = (
-    "SELECT fs.channel FROM (SELECT ?1 AS site_id, ?2 AS customer_id) AS owner"  # noqa: S608 - fixed alias
-    + first_touch_join("owner")  # sql-safe: a fixed alias
+_FIRST_CHANNEL = statement(
+    "SELECT fs.channel" + _OWNER + first_touch_join("owner")  # sql-safe: a fixed alias
 )
-_FIRST_CHANNELS = (
+_FIRST_CHANNELS = statement(
     "SELECT owner.customer_id, fs.channel FROM customer_first_touch owner"  # noqa: S608 - fixed alias
     + first_touch_join("owner")  # sql-safe: a fixed alias
     + " WHERE owner.site_id = ?"
 )
+
+
+# First touch, defined once: each customer's earliest session (by start, then id) of any
+# visitor linked to it now (customers.visitor_id, or customers.user_id -> $identify ->
+# visitor), NULL when there is none. The triggers of schema.sql and schema_postgres.sql keep
+# customer_first_touch equal to it, row by row (tests/test_first_touch.py checks both against
+# it after every kind of write). A visitor id is an integer stored as customer text: SQLite
+# compares them with the column's numeric affinity, PostgreSQL through
+# tally_text_as_integer, the same rule.
+_FIRST_TOUCHES = (
+    "SELECT c.site_id, c.customer_id, ("
+    " SELECT s.id FROM sessions s WHERE s.id IN ("
+    "  SELECT sv.session_id FROM session_visitors sv"
+    "   WHERE sv.site_id = c.site_id AND sv.visitor_id = {visitor_id}"
+    "  UNION ALL"
+    "  SELECT sv.session_id FROM visitor_identities vi CROSS JOIN session_visitors sv"
+    "   WHERE vi.site_id = c.site_id AND vi.uid = c.user_id"
+    "   AND sv.site_id = vi.site_id AND sv.visitor_id = vi.visitor_id)"
+    " ORDER BY s.started_at, s.id LIMIT 1)"
+    " FROM customers c ORDER BY c.site_id, c.customer_id"
+)
+FIRST_TOUCHES = by_dialect(
+    sqlite=_FIRST_TOUCHES.format(visitor_id="c.visitor_id"),
+    postgres=_FIRST_TOUCHES.format(visitor_id="tally_text_as_integer(c.visitor_id)"))
+_STORED_FIRST_TOUCHES = statement(
+    "SELECT site_id, customer_id, session_id FROM customer_first_touch"
+    " ORDER BY site_id, customer_id")
+
+
+def defined_first_touches(conn: sqlite3.Connection) -> list[tuple]:
+    """(site id, customer id, session id or None) of every customer, by the definition."""
+    return [tuple(row) for row in conn.execute(FIRST_TOUCHES[dialect(conn)])]
+
+
+def stored_first_touches(conn: sqlite3.Connection) -> list[tuple]:
+    """customer_first_touch's rows, as the triggers keep them."""
+    return [tuple(row) for row in conn.execute(_STORED_FIRST_TOUCHES)]
 
 
 def first_session(conn: sqlite3.Connection, site_id: int, customer_id: str) -> tuple | None:
@@ -74,7 +116,7 @@ def first_channels(conn: sqlite3.Connection, site_id: int,
 # Each stored session of one site linked to one of the visitor ids (a JSON array) and
 # seen within [from, to], with every visitor id it is linked to: a row per link, and a
 # session linked to two of the ids comes twice.
-_LOAD_SESSIONS = (
+_LOAD_SESSIONS = statement(
     "SELECT o.id, o.started_at, o.last_seen_at, l.visitor_id"
     " FROM json_each(?1) AS w CROSS JOIN session_visitors f CROSS JOIN sessions o"
     " CROSS JOIN session_visitors l"
@@ -86,20 +128,20 @@ NEW_SESSION_COLUMNS = (
     "id", "site_id", "visitor_id", "started_at", "last_seen_at", "channel", "source",
     "referrer", "landing_page", "entry_path", *UTM_KEYS, "pageviews", "custom_events")
 _NEW_SESSIONS = SparseInsert("sessions", NEW_SESSION_COLUMNS)
-_UPDATE_COUNTS = (
+_UPDATE_COUNTS = statement(
     "UPDATE sessions SET last_seen_at = max(last_seen_at, ?), pageviews = pageviews + ?,"
     " custom_events = custom_events + ? WHERE id = ?"
 )
-_UPDATE_LANDING = (
+_UPDATE_LANDING = statement(
     "UPDATE sessions SET started_at = ?, channel = ?, source = ?, referrer = ?, landing_page = ?,"
     " entry_path = ?, utm_source = ?, utm_medium = ?, utm_campaign = ?, utm_term = ?,"
     " utm_content = ? WHERE id = ? AND started_at > ?"
 )
-_INSERT_SESSION_VISITOR = (
+_INSERT_SESSION_VISITOR = statement(
     "INSERT INTO session_visitors (site_id, visitor_id, session_id) VALUES (?, ?, ?)"
     " ON CONFLICT DO NOTHING"
 )
-_INSERT_IDENTITY = (
+_INSERT_IDENTITY = statement(
     "INSERT INTO visitor_identities (site_id, uid, visitor_id, linked_at)"
     " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
@@ -115,7 +157,7 @@ def sessions_of_visitors(conn: sqlite3.Connection, site_id: int, visitor_ids: li
 
 def next_session_id(conn: sqlite3.Connection) -> int:
     """The id SQLite gives the next session (the caller holds the write lock)."""
-    return (conn.execute("SELECT max(id) FROM sessions").fetchone()[0] or 0) + 1
+    return (conn.execute(_NEXT_SESSION_ID).fetchone()[0] or 0) + 1
 
 
 def insert_sessions(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:

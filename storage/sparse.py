@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from operator import is_not, itemgetter
 
 from storage.dialect import dialect
+from storage.statements import native
 
 MAX_SHAPES = 256  # distinct column sets kept; more (never seen in practice) start over
 
@@ -31,6 +32,9 @@ class SparseInsert:
         self.columns = tuple(columns)
         self._nones = (None,) * len(self.columns)
         self._shapes: dict[tuple[bool, ...], tuple[str, Callable]] = {}
+        # The INSERT of every column, declared so the suite prepares it; each shape's
+        # statement names a subset of its columns.
+        native("sqlite", self._insert(range(len(self.columns))))
 
     def write(self, conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
         """INSERT every row (a sequence in `columns` order), in order."""
@@ -62,15 +66,18 @@ class SparseInsert:
                 raise ValueError(f"a row of {len(row)} values for {width} columns")
             yield row
 
+    def _insert(self, indexes) -> str:
+        names = ", ".join(self.columns[i] for i in indexes)
+        marks = ", ".join("?" * len(names.split(", ")))
+        # Table and column names come from the callers' fixed tuples
+        # (storage.events.EVENT_COLUMNS, attribution.sessions); values are parameters.
+        return f"INSERT INTO {self.table} ({names}) VALUES ({marks})"  # noqa: S608 - fixed columns
+
     def _statement(self, sets: tuple[bool, ...]) -> tuple[str, Callable]:
         found = self._shapes.get(sets)
         if found is None:
             indexes = [i for i, is_set in enumerate(sets) if is_set] or [0]  # all NULL: bind one
-            names = ", ".join(self.columns[i] for i in indexes)
-            marks = ", ".join("?" * len(indexes))
-            # Table and column names come from the callers' fixed tuples
-            # (storage.events.EVENT_COLUMNS, attribution.sessions); values are parameters.
-            statement = f"INSERT INTO {self.table} ({names}) VALUES ({marks})"  # noqa: S608 - fixed columns
+            statement = self._insert(indexes)
             pick = itemgetter(*indexes)
             if len(indexes) == 1:
                 index = indexes[0]

@@ -24,6 +24,7 @@ from storage.payments import (
     subscription_state,
     write_customer,
 )
+from storage.statements import statement
 from validation.payment import Customer, Instant, Payment, Subscription
 from validation.stripe import (
     CustomerWrite,
@@ -36,19 +37,40 @@ from validation.stripe import (
 
 _STATE_COLUMNS = ", ".join(SUBSCRIPTION_STATE)
 _STATE_MARKS = ", ".join("?" for _ in SUBSCRIPTION_STATE)
-_INSERT_EVENT_OBSERVATION = (
+_INSERT_EVENT_OBSERVATION = statement(
     f"INSERT INTO subscription_observations (site_id, {_STATE_COLUMNS}, event_id, received_at)"  # noqa: S608 - fixed columns
     f" VALUES (?, {_STATE_MARKS}, ?, ?)"
 )
-_STORED_PAYMENT = (
+_STORED_PAYMENT = statement(
     "SELECT payment_id, customer_id, amount, currency, fee, kind, status, paid_at, paid_at_ms,"
     " metadata FROM payments WHERE site_id = ? AND payment_id = ?"
 )
-_STORED_SUBSCRIPTION = (
+_STORED_SUBSCRIPTION = statement(
     "SELECT subscription_id, status, started_at, started_at_ms, plan, interval, amount,"
     " current_period_end, current_period_end_ms, canceled_at, canceled_at_ms, ended_at,"
     " ended_at_ms FROM subscription_observations WHERE site_id = ? AND payment_id = ?"
 )
+
+
+_SET_SECRET = statement(
+    "INSERT INTO stripe_webhook_secrets (site_id, secret, fingerprint, created_at)"
+    " VALUES (?, ?, ?, ?) ON CONFLICT (site_id) DO UPDATE SET secret = excluded.secret,"
+    " fingerprint = excluded.fingerprint, created_at = excluded.created_at")
+_REMOVE_SECRET = statement("DELETE FROM stripe_webhook_secrets WHERE site_id = ?")
+_SECRET = statement("SELECT secret FROM stripe_webhook_secrets WHERE site_id = ?")
+_EVENT_SEEN = statement(
+    "SELECT 1 FROM stripe_events WHERE site_id = ? AND event_id = ?")
+_INSERT_EVENT = statement(
+    "INSERT INTO stripe_events (site_id, event_id, type, created, received_at)"
+    " VALUES (?, ?, ?, ?, ?)")
+_PAYMENT_CUSTOMER = statement(
+    "SELECT customer_id FROM payments WHERE site_id = ? AND payment_id = ?")
+_OBJECT_RANK = statement(
+    "SELECT rank, created FROM stripe_objects WHERE site_id = ? AND object_id = ?")
+_UPSERT_OBJECT_RANK = statement(
+    "INSERT INTO stripe_objects (site_id, object_id, rank, created) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (site_id, object_id) DO UPDATE SET rank = excluded.rank,"
+    " created = excluded.created")
 
 
 def fingerprint(secret: str) -> str:
@@ -66,22 +88,20 @@ class StripeStore:
         mark = fingerprint(secret)
         with self.db.transaction() as conn:
             conn.execute(
-                "INSERT INTO stripe_webhook_secrets (site_id, secret, fingerprint, created_at)"
-                " VALUES (?, ?, ?, ?) ON CONFLICT (site_id) DO UPDATE SET secret = excluded.secret,"
-                " fingerprint = excluded.fingerprint, created_at = excluded.created_at",
+                _SET_SECRET,
                 (site_id, secret, mark, int(self.clock() * 1000)),
             )
         return mark
 
     def remove_secret(self, site_id: int) -> bool:
         with self.db.transaction() as conn:
-            removed = conn.execute("DELETE FROM stripe_webhook_secrets WHERE site_id = ?",
+            removed = conn.execute(_REMOVE_SECRET,
                                    (site_id,)).rowcount
         return removed > 0
 
     def secret(self, site_id: int) -> str | None:
         row = self.db.conn().execute(
-            "SELECT secret FROM stripe_webhook_secrets WHERE site_id = ?", (site_id,)).fetchone()
+            _SECRET, (site_id,)).fetchone()
         return row[0] if row else None
 
     # Events --------------------------------------------------------------------------
@@ -89,15 +109,14 @@ class StripeStore:
         """Apply the event's writes; False (and nothing written) when it was applied before."""
         now_ms = int(self.clock() * 1000)
         with self.db.transaction() as conn:
-            seen = conn.execute("SELECT 1 FROM stripe_events WHERE site_id = ? AND event_id = ?",
+            seen = conn.execute(_EVENT_SEEN,
                                 (site_id, mapped.event_id)).fetchone()
             if seen:
                 return False
             for write in mapped.writes:
                 _apply_write(conn, site_id, mapped.event_id, write, now_ms)
             conn.execute(
-                "INSERT INTO stripe_events (site_id, event_id, type, created, received_at)"
-                " VALUES (?, ?, ?, ?, ?)",
+                _INSERT_EVENT,
                 (site_id, mapped.event_id, mapped.type, mapped.created, now_ms),
             )
         return True
@@ -111,7 +130,7 @@ def _apply_write(conn: sqlite3.Connection, site_id: int, event_id: str, write,
         payment = write.payment
         if write.charge_id:
             owner = conn.execute(
-                "SELECT customer_id FROM payments WHERE site_id = ? AND payment_id = ?",
+                _PAYMENT_CUSTOMER,
                 (site_id, write.charge_id)).fetchone()
             if owner and owner[0] != payment.customer.id:
                 payment = dataclasses.replace(payment, customer=Customer(id=owner[0]))
@@ -142,14 +161,12 @@ def _apply_write(conn: sqlite3.Connection, site_id: int, event_id: str, write,
 def _newest(conn: sqlite3.Connection, site_id: int, version: Version) -> bool:
     """Whether this version of the object is at least as new as any applied; if so it is
     recorded as the newest."""
-    row = conn.execute("SELECT rank, created FROM stripe_objects WHERE site_id = ? AND object_id = ?",
+    row = conn.execute(_OBJECT_RANK,
                        (site_id, version.object_id)).fetchone()
     if row is not None and tuple(row) > (version.rank, version.created):
         return False
     conn.execute(
-        "INSERT INTO stripe_objects (site_id, object_id, rank, created) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (site_id, object_id) DO UPDATE SET rank = excluded.rank,"
-        " created = excluded.created",
+        _UPSERT_OBJECT_RANK,
         (site_id, version.object_id, version.rank, version.created),
     )
     return True

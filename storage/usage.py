@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import sqlite3
 
-_READ = "SELECT events, anonymous FROM monthly_usage WHERE account_id = ? AND month = ?"
-_ACCOUNT_MONTH = (
+from storage.statements import statement
+
+_READ = statement("SELECT events, anonymous FROM monthly_usage WHERE account_id = ? AND month = ?")
+_ACCOUNT_MONTH = statement(
     "SELECT a.plan, COALESCE(u.events, 0), COALESCE(u.anonymous, 0) FROM accounts a"
     " LEFT JOIN monthly_usage u ON u.account_id = a.id AND u.month = ?"
     " WHERE a.public_id = ?"
@@ -30,7 +32,7 @@ def account_month(conn: sqlite3.Connection, account_public_id: str,
     return conn.execute(_ACCOUNT_MONTH, (month, account_public_id)).fetchone()
 
 
-ADD_USAGE = (
+ADD_USAGE = statement(
     "INSERT INTO monthly_usage (account_id, month, events, anonymous) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (account_id, month) DO UPDATE SET events = monthly_usage.events + excluded.events,"
     " anonymous = monthly_usage.anonymous + excluded.anonymous"

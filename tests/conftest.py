@@ -286,7 +286,8 @@ def _without_database(env) -> dict:
 
 def rows(db_path: str, sql: str, params=()) -> list[dict]:
     """Read what is stored through a connection of the test's own (SQLite's spelling of
-    the statement; on PostgreSQL it is translated as storage's statements are)."""
+    the statement; on PostgreSQL it is compiled as storage's statements are, or it is
+    PostgreSQL's own spelling)."""
     if is_postgres(db_path):
         return _postgres_rows(db_path, sql, params)
     conn = sqlite3.connect(db_path)
@@ -297,12 +298,28 @@ def rows(db_path: str, sql: str, params=()) -> list[dict]:
         conn.close()
 
 
+def _spelled(sql: str, conn) -> str:
+    """A test's own statement for storage's PostgresConnection: SQLite's spelling where
+    storage.statements compiles it, else PostgreSQL's own (a test's CREATE INDEX
+    CONCURRENTLY, `::bytea`)."""
+    from storage.statements import UnsupportedSQL, postgres_spelling, translate
+
+    if getattr(conn, "dialect", "sqlite") != "postgres":
+        return sql
+    try:
+        translate(sql)
+    except UnsupportedSQL:
+        return postgres_spelling(sql)
+    return sql
+
+
 def execute(db_path: str, sql: str, params=()) -> int:
     """Run one statement and commit it through a connection of the test's own (SQLite's
-    spelling, translated on PostgreSQL as in rows()); the number of rows it changed."""
+    spelling, compiled on PostgreSQL as storage's statements are, or PostgreSQL's own);
+    the number of rows it changed."""
     conn = connect(db_path)
     try:
-        return conn.execute(sql, params).rowcount
+        return conn.execute(_spelled(sql, conn), params).rowcount
     finally:
         conn.close()
 
@@ -355,7 +372,7 @@ def _postgres_rows(url: str, sql: str, params) -> list[dict]:
 
     conn = PostgresDatabase(url).connect()
     try:
-        cursor = conn.execute(sql, params)
+        cursor = conn.execute(_spelled(sql, conn), params)
         names = [column.name for column in cursor.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     finally:

@@ -223,7 +223,9 @@ def stored_payments(db: str) -> set[str]:
 # Every report a user can ask for -------------------------------------------------------
 
 BREAKDOWNS = ("channel", "source", "page", "entry_page", "country", "device", "browser", "os",
-              "event")
+              "event", "medium", "campaign", "term", "content")
+FUNNELS = ("page:/pricing,goal:Signup", "page:/*,goal:Signup,payment",
+           "page:/,page:/pricing,goal:Download")
 REVENUE_BY = ("channel", "source", "medium", "campaign", "term", "content", "referrer",
               "landing_page", "country", "device", "browser", "os", "plan")
 FILTERS = ("visit:channel==Organic Search|Email", "event:page~/pricing", "visit:device!=mobile",
@@ -258,6 +260,10 @@ def api_paths(first: str, last: str, hours_from: str, days: tuple[str, ...]) -> 
                   f"/api/v1/stats/timeseries?{period}&interval=day&filters={filters}",
                   f"/api/v1/stats/revenue?{period}&filters={filters}",
                   f"/api/v1/stats/goals?{period}&filters={filters}"]
+    paths += [f"/api/v1/stats/funnel?{period}&steps={steps}" for steps in FUNNELS]
+    paths += [f"/api/v1/stats/funnel?{period}&steps={FUNNELS[1]}&filters="
+              + quote(FILTERS[0], safe=""),
+              f"/api/v1/stats/funnel?{period}&steps={FUNNELS[1]}&format=csv"]
     paths += [f"/api/v1/stats/breakdown?{period}&by=source&format=csv",
               f"/api/v1/stats/revenue?{period}&by=campaign&format=csv",
               f"/api/v1/stats/timeseries?from={hours_from}&to={last}&interval=hour&format=csv"]
@@ -271,6 +277,7 @@ def page_paths(site: str, first: str, last: str) -> list[str]:
             f"/sites/{site}?{period}&filters={quote(FILTERS[0], safe='')}",
             f"/sites/{site}?{period}&goal=Signup", f"/sites/{site}/revenue",
             f"/sites/{site}/revenue?{period}&by=plan", f"/sites/{site}/live",
+            f"/sites/{site}/funnels?{period}&steps={FUNNELS[1]}",
             f"/sites/{site}/settings", f"/sites/{site}/install", f"/sites/{site}/remove", "/"]
 
 

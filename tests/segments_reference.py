@@ -1,6 +1,7 @@
 """The statements of filtered traffic as they were before issue 26, kept as the reference
 tests/test_reports_bounded.py compares today's with: one statement per bucket, and a `~`
-filter tested on each row with instr/lower over its values.
+filter or a property comparison decided by the one rule (reports.segments.filters) for
+every value the site stores (`by_the_rules`), not for the span's values.
 
 The same figures must come out of reports.segments.queries (filters matched against the
 stored values once, many buckets per statement) for any data and filters.
@@ -12,7 +13,7 @@ from typing import NamedTuple
 
 import orjson
 
-from reports.segments.filters import Filter, Goal
+from reports.segments.filters import Filter, Goal, contains, prop_equal
 from reports.segments.queries import SegmentCount, SegmentTotals
 from reports.shared.params import DAY_MS
 from storage.connection import Connection
@@ -50,6 +51,39 @@ _CLAUSES["prop"] = {
                        " WHERE instr(lower(CAST(p.value AS TEXT)), lower(v.value)) > 0))",
 }
 _GOAL_CLAUSES = {"event": "e.name = ?", "page": "e.name = 'pageview' AND e.pathname = ?"}
+
+
+def _all_values(conn, site_id: int, f: Filter) -> list[str]:
+    if f.dimension == "prop":
+        sql = ("SELECT DISTINCT CAST(p.value AS TEXT), p.value FROM events e"
+               " CROSS JOIN json_each(e.props) p"
+               " WHERE e.site_id = ? AND e.props IS NOT NULL AND p.key = ?")
+        params = (site_id, f.prop)
+    else:
+        column = SESSION_COLUMNS.get(f.dimension) or EVENT_COLUMNS[f.dimension]
+        table = "sessions s" if f.dimension in SESSION_COLUMNS else "events e"
+        sql = f"SELECT DISTINCT {column}, 1 FROM {table} WHERE site_id = ?"  # noqa: S608 - fixed names
+        params = (site_id,)
+    return [row for row in conn.execute(sql, params) if row[0] is not None]
+
+
+def by_the_rules(conn, site_id: int, filters: tuple[Filter, ...]) -> tuple[Filter, ...]:
+    """The filters with each `~` and each property comparison decided by the one rule
+    (reports.segments.filters.contains, prop_equal) for every value the site stores for the
+    dimension, whatever the span: `==`/`!=` lists the rows are then tested against."""
+    decided = []
+    for f in filters:
+        if f.operator == "~":
+            kept = {v for v, *_ in _all_values(conn, site_id, f)
+                    if any(contains(v, w) for w in f.values)}
+            decided.append(Filter(f.dimension, "==", tuple(sorted(kept)), f.prop))
+        elif f.dimension == "prop":
+            kept = {text for text, value in _all_values(conn, site_id, f)
+                    if any(prop_equal(value, w) for w in f.values)}
+            decided.append(Filter(f.dimension, f.operator, tuple(sorted(kept)), f.prop))
+        else:
+            decided.append(f)
+    return tuple(decided)
 
 
 class Where(NamedTuple):

@@ -267,6 +267,47 @@ def goals(world):
     assert get(world, "/api/v1/stats/goals?filters=page==/pricing")["data"]["visitors"] == 0
 
 
+def funnel(world):
+    steps = "steps=page:/,page:/pricing"
+    own = world["client"].get(f"/api/v1/stats/funnel?{steps}", headers=world["a"]["headers"])
+    assert [s["visitors"] for s in own.json["data"]["steps"]] == [1, 1]
+    assert [s["visitors"] for s in get(world, f"/api/v1/stats/funnel?{steps}")["data"]["steps"]
+            ] == [0, 0]
+    _a_funnel(world)
+    assert get(world, "/api/v1/stats/funnel?funnel=a-only", 400)["error"]["message"] == (
+        "funnel: this site has no funnel named 'a-only'")
+
+
+def _a_funnel(world) -> None:
+    world["client"].post("/api/v1/funnels", orjson.dumps(
+        {"name": "a-only", "steps": ["page:/", "payment"]}), headers=world["a"]["headers"],
+        status=201)
+
+
+def funnels_list(world):
+    _a_funnel(world)
+    assert get(world, "/api/v1/funnels")["data"]["funnels"] == []
+
+
+def funnel_save(world):
+    _a_funnel(world)
+    resp = world["client"].post("/api/v1/funnels", orjson.dumps(
+        {"name": "a-only", "steps": "page:/b,page:/c"}), headers=world["b"]["headers"],
+        status=201)
+    assert resp.json["data"]["steps"] == ["page:/b", "page:/c"]
+    own = world["client"].get("/api/v1/funnels", headers=world["a"]["headers"]).json
+    assert own["data"]["funnels"][0]["steps"] == ["page:/", "payment"]
+
+
+def funnel_delete(world):
+    _a_funnel(world)
+    resp = world["client"].delete("/api/v1/funnels/a-only", headers=world["b"]["headers"],
+                                  expect_errors=True)
+    assert resp.status_int == 404 and resp.json["error"]["code"] == "not_found"
+    own = world["client"].get("/api/v1/funnels", headers=world["a"]["headers"]).json
+    assert [f["name"] for f in own["data"]["funnels"]] == ["a-only"]
+
+
 def realtime(world):
     own = world["client"].get("/api/v1/stats/realtime", headers=world["a"]["headers"]).json
     assert own["data"]["visitors"] == 1
@@ -297,6 +338,10 @@ CASES = {
     ("GET", "/api/v1/stats/timeseries"): timeseries,
     ("GET", "/api/v1/stats/goals"): goals,
     ("GET", "/api/v1/stats/realtime"): realtime,
+    ("GET", "/api/v1/stats/funnel"): funnel,
+    ("GET", "/api/v1/funnels"): funnels_list,
+    ("POST", "/api/v1/funnels"): funnel_save,
+    ("DELETE", "/api/v1/funnels/{name}"): funnel_delete,
 }
 
 

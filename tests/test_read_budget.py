@@ -166,7 +166,9 @@ def test_a_report_past_its_budget_is_422_and_the_next_request_is_served(world):
     paths = ("/api/v1/stats/timeseries?interval=hour&compare=previous_period"
              "&filters=page~a|e;source~o",
              "/api/v1/stats/aggregate",
-             "/api/v1/stats/breakdown?by=page&filters=page~e;device==desktop")
+             "/api/v1/stats/breakdown?by=page&filters=page~e;device==desktop",
+             "/api/v1/stats/funnel?steps=page:/*,goal:signup,payment&filters=page~e",
+             "/api/v1/stats/breakdown?by=campaign")
     before = stored(db)
     try:
         for path in paths:
@@ -213,6 +215,8 @@ def test_dashboard_and_shared_pages_past_the_budget_say_how_to_narrow(world):
         assert f'href="/sites/{site}"' in owner.text and "Traceback" not in owner.text
         revenue = client.get(f"/sites/{site}/revenue", status=422)
         assert "narrow it" in revenue.text
+        funnel = client.get(f"/sites/{site}/funnels?steps=page:/*,payment", status=422)
+        assert "narrow it" in funnel.text
         home = client.get("/", status=200)  # the list of sites, without figures
         assert made["a"]["host"] in home.text
         from storage.shares import SharedLinks

@@ -298,7 +298,8 @@ def test_traffic_aggregate_and_breakdowns(api):
         ("/api/v1/stats/mrr/movements?to=tomorrow",
          "to: must be a UTC date YYYY-MM-DD, not 'tomorrow'"),
         ("/api/v1/stats/breakdown", "by: must be one of channel, source, page, entry_page, "
-                                    "country, device, browser, os, event"),
+                                    "country, device, browser, os, event, medium, campaign,"
+                                    " term, content"),
         ("/api/v1/stats/breakdown?by=page&limit=1001",
          "limit: must be a whole number from 1 to 1000"),
         ("/api/v1/stats/breakdown?by=page&by=os", "by: give it at most once"),

@@ -1,12 +1,12 @@
 """SQL spelled once for both backends gives the same values on both: PostgreSQL's
-respellings in storage.postgres.translate and the fragments of storage.dialect."""
+respellings in storage.statements.translate and the fragments of storage.dialect."""
 
 from __future__ import annotations
 
 import pytest
 
 from storage.dialect import integer_of_text
-from storage.postgres import translate
+from storage.statements import REGISTRY, by_dialect, translate
 from tests.conftest import is_postgres, rows
 
 
@@ -29,4 +29,6 @@ def test_lower_and_upper_change_only_ascii_letters(db_path):
 def test_integer_of_text_is_sqlites_cast(db_path, text, integer):
     name = "postgres" if is_postgres(db_path) else "sqlite"
     sql = f"SELECT {integer_of_text(name, '?')} AS n"  # noqa: S608 - a fixed fragment
-    assert rows(db_path, sql, (text,)) == [{"n": integer}]
+    declared = by_dialect(sqlite=sql, postgres=sql)[name]
+    REGISTRY[-2:] = []  # the test's own
+    assert rows(db_path, declared, (text,)) == [{"n": integer}]

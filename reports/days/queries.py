@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from reports.traffic.figures import BreakdownCount, SessionTotals
+from storage import db as storage_db
 from storage.connection import Connection
+from storage.statements import statement
 from vocabulary import DAY_MS
 
 # Dimensions read from each event, and those fixed by a session's first event.
@@ -16,13 +18,13 @@ EVENT_DIMENSIONS = {"page": "pathname", "country": "country", "device": "device"
 SESSION_DIMENSIONS = {"channel": "channel", "source": "source", "entry_page": "entry_path"}
 DIMENSIONS = (*SESSION_DIMENSIONS, *EVENT_DIMENSIONS)
 
-_EVENT_TOTALS = (
+_EVENT_TOTALS = statement(
     "SELECT count(*) FILTER (WHERE name = 'pageview'), count(*) FILTER (WHERE name <> 'pageview')"
     " FROM events WHERE site_id = ? AND ts >= ? AND ts < ? AND name <> '$identify'"
 )
 # Visitors are counted over sessions (a quarter of the rows of events, so half the time of
 # a distinct count over events); a visit that crosses midnight counts on the day it began.
-_SESSION_TOTALS = (
+_SESSION_TOTALS = statement(
     "SELECT count(DISTINCT visitor_id), count(*),"
     " count(*) FILTER (WHERE pageviews = 1 AND custom_events = 0),"
     " coalesce(sum(last_seen_at - started_at), 0)"
@@ -32,12 +34,12 @@ _SESSION_TOTALS = (
 # carry a time up to TS_PAST_MS earlier), or its first stored event or session when
 # earlier (a copied or restored database), to now (an event up to TS_FUTURE_MS later).
 # Days outside are known empty: never counted, never stored.
-_SITE_LIFE = (
+_SITE_LIFE = statement(
     "SELECT (SELECT created_at FROM sites WHERE id = ?1),"
     " (SELECT min(ts) FROM events WHERE site_id = ?1),"
     " (SELECT min(started_at) FROM sessions WHERE site_id = ?1)"
 )
-_OPEN_SESSION = (
+_OPEN_SESSION = statement(
     "SELECT 1 FROM sessions WHERE site_id = ? AND started_at >= ? AND started_at < ?"
     " AND last_seen_at >= ? LIMIT 1"
 )
@@ -65,33 +67,33 @@ def _session_values_sql(column: str) -> str:
 
 
 VALUES_SQL = {
-    **{by: _session_values_sql(column) for by, column in SESSION_DIMENSIONS.items()},
-    **{by: _event_values_sql(column) for by, column in EVENT_DIMENSIONS.items()},
+    **{by: statement(_session_values_sql(column)) for by, column in SESSION_DIMENSIONS.items()},
+    **{by: statement(_event_values_sql(column)) for by, column in EVENT_DIMENSIONS.items()},
 }
 
 # What is stored for a day: its totals (a traffic_days row), and per dimension a
 # traffic_day_dimensions row with the day's traffic_day_values rows (possibly none).
-_STORED_TOTALS = (
+_STORED_TOTALS = statement(
     "SELECT day, visitors, pageviews, sessions, events, bounces, duration_ms FROM traffic_days"
     " WHERE site_id = ? AND day >= ? AND day <= ?"
 )
-_STORED_DIMENSION_DAYS = (
+_STORED_DIMENSION_DAYS = statement(
     "SELECT day FROM traffic_day_dimensions"
     " WHERE site_id = ? AND dimension = ? AND day >= ? AND day <= ?"
 )
-_STORED_VALUES = (
+_STORED_VALUES = statement(
     "SELECT value, sum(visitors), sum(pageviews), sum(events) FROM traffic_day_values"
     " WHERE site_id = ? AND dimension = ? AND day >= ? AND day <= ? GROUP BY value"
 )
-_STORE_TOTALS = (
+_STORE_TOTALS = statement(
     "INSERT INTO traffic_days (site_id, day, visitors, pageviews, sessions, events, bounces,"
     " duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
-_STORE_DIMENSION = (
+_STORE_DIMENSION = statement(
     "INSERT INTO traffic_day_dimensions (site_id, day, dimension) VALUES (?, ?, ?)"
     " ON CONFLICT DO NOTHING"
 )
-_STORE_VALUE = (
+_STORE_VALUE = statement(
     "INSERT INTO traffic_day_values (site_id, day, dimension, value, visitors, pageviews, events)"
     " VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
@@ -152,4 +154,4 @@ def store_values(conn: Connection, site_id: int, day: int, by: str,
 
 
 def set_busy_timeout(conn: Connection, ms: int) -> None:
-    conn.execute(f"PRAGMA busy_timeout = {int(ms)}")  # sql-safe: an int
+    storage_db.set_busy_timeout(conn, ms)

@@ -29,6 +29,7 @@ from reports.shared.params import DateRange, end_of_day_ms
 from storage.connection import Connection
 from storage.dialect import dialect, integer_of_text
 from storage.sessions import first_touch_join
+from storage.statements import by_dialect, statement
 from vocabulary import UNATTRIBUTED
 
 # A customer's first-touch channel is that of its first-touch session (storage.sessions);
@@ -36,7 +37,7 @@ from vocabulary import UNATTRIBUTED
 # Payments alike (same customer, kind, currency, amount and fee: a subscription's monthly
 # charges) come as one row with their count, so Python adds up far fewer rows. The channel
 # is the customer's, so grouping by it too adds no row.
-_REVENUE_PAYMENTS = (
+_REVENUE_PAYMENTS = statement(
     "SELECT p.customer_id, p.kind, p.currency, p.amount, p.fee, count(*), fs.channel"  # noqa: S608 - fixed alias
     " FROM payments p"
     + first_touch_join("p")  # sql-safe: a fixed alias
@@ -48,7 +49,7 @@ _REVENUE_PAYMENTS = (
 # last: the subscriptions table keeps the same order), found by a seek per subscription in
 # subscription_observations_sub, with its latest succeeded charge in that currency before
 # the instant when it has no amount (payments_subscription, schema.sql's reports section).
-_STATES_AT = (
+_STATES_AT = statement(
     "SELECT o.subscription_id, o.customer_id, o.currency, o.status, o.amount, o.interval,"  # noqa: S608 - fixed alias
     " o.plan, o.started_at_ms, o.ended_at_ms,"
     " CASE WHEN o.amount IS NULL THEN ("
@@ -69,7 +70,7 @@ _STATES_AT = (
     " AND (?3 IS NULL OR s.subscription_id IN (SELECT value FROM json_each(?3)))"
 )
 
-_CHANGED_BETWEEN = (
+_CHANGED_BETWEEN = statement(
     "SELECT subscription_id FROM subscription_observations"
     " WHERE site_id = ?1 AND effective_at_ms >= ?2 AND effective_at_ms < ?3"
     " UNION"
@@ -80,7 +81,7 @@ _CHANGED_BETWEEN = (
 
 # The whole history of the subscriptions some customers ever held (given as a JSON array),
 # to find when each first had a positive monthly value.
-_FIRST_OBSERVED = (
+_FIRST_OBSERVED = statement(
     "SELECT customer_id, currency, min(effective_at_ms) FROM subscription_observations"
     " WHERE site_id = ?1 AND customer_id IN (SELECT value FROM json_each(?2))"
     " GROUP BY customer_id, currency"
@@ -88,11 +89,11 @@ _FIRST_OBSERVED = (
 
 # The whole history of some subscriptions (given as a JSON array), to find when their
 # customers first had a positive monthly value.
-_CUSTOMERS_SUBSCRIPTIONS = (
+_CUSTOMERS_SUBSCRIPTIONS = statement(
     "SELECT DISTINCT subscription_id FROM subscription_observations"
     " WHERE site_id = ?1 AND customer_id IN (SELECT value FROM json_each(?2))"
 )
-_HISTORY_OBSERVATIONS = (
+_HISTORY_OBSERVATIONS = statement(
     "SELECT o.subscription_id, o.customer_id, o.currency, o.effective_at_ms, o.status, o.amount,"
     " o.interval, o.plan, o.started_at_ms, o.ended_at_ms"
     # CROSS JOIN keeps the list outermost: a seek per subscription, then one sort.
@@ -100,7 +101,7 @@ _HISTORY_OBSERVATIONS = (
     " WHERE o.site_id = ?1 AND o.subscription_id = j.value"
     " ORDER BY o.effective_at_ms, o.id"
 )
-_HISTORY_CHARGES = (
+_HISTORY_CHARGES = statement(
     "SELECT p.subscription_id, p.currency, p.amount, p.paid_at_ms, p.kind, p.status"
     " FROM json_each(?2) j CROSS JOIN payments p"
     " WHERE p.site_id = ?1 AND p.subscription_id = j.value"
@@ -201,7 +202,7 @@ def movements(conn: Connection, site_id: int, period: DateRange) -> dict:
 
 # Each customer's first-touch session, and that session's first event (its earliest, a
 # seek in events_site_ts at the session's start; $identify only when nothing else).
-_FIRST_TOUCHES = (
+_FIRST_TOUCHES = statement(
     "SELECT c.customer_id, fs.channel, fs.source, fs.utm_medium, fs.utm_campaign,"  # noqa: S608 - fixed alias
     " fs.utm_term, fs.utm_content, fs.referrer, fs.landing_page, fs.entry_path, fs.started_at,"
     " e.pathname, e.hostname, e.country, e.device, e.browser, e.os, e.name, e.props"
@@ -218,31 +219,31 @@ TOUCH_FIELDS = ("channel", "source", "medium", "campaign", "term", "content", "r
                 "device", "browser", "os", "event", "props")
 
 # Succeeded payments dated in [t0, t1), alike ones grouped with their count.
-_REVENUE_ROWS = (
+_REVENUE_ROWS = statement(
     "SELECT customer_id, kind, currency, amount, fee, count(*) FROM payments"
     " WHERE site_id = ? AND paid_at_ms >= ? AND paid_at_ms < ? AND status = 'succeeded'"
     " GROUP BY customer_id, kind, currency, amount, fee"
 )
 # Succeeded payments dated in [t0, t1), alike ones grouped per bucket of `width` ms.
-_PAYMENTS_BY_BUCKET = (
+_PAYMENTS_BY_BUCKET = statement(
     "SELECT customer_id, kind, currency, amount, paid_at_ms / ?4 AS bucket, count(*)"
     " FROM payments WHERE site_id = ?1 AND paid_at_ms >= ?2 AND paid_at_ms < ?3"
     " AND status = 'succeeded'"
     " GROUP BY customer_id, kind, currency, amount, bucket"
 )
-_FIRST_CHARGES = (
+_FIRST_CHARGES = statement(
     "SELECT customer_id, currency, min(paid_at_ms) FROM payments"
     " WHERE site_id = ? AND kind = 'charge' AND status = 'succeeded'"
     " GROUP BY customer_id, currency"
 )
 # Customers (given as a JSON array) with a succeeded charge.
-_PAYING = (
+_PAYING = statement(
     "SELECT DISTINCT customer_id FROM payments"
     " WHERE site_id = ?1 AND kind = 'charge' AND status = 'succeeded'"
     " AND customer_id IN (SELECT value FROM json_each(?2))"
 )
 # Each customer's plan: that of its subscription observed last.
-_PLANS = (
+_PLANS = statement(
     "SELECT customer_id, plan FROM subscriptions WHERE site_id = ?"
     " ORDER BY customer_id, effective_at_ms, id"
 )
@@ -301,7 +302,7 @@ def revenue_rows(conn: Connection, site_id: int, t0: int, t1: int) -> list[Payme
 # did a custom event in [t0, t1): (event name, customer id). The linked visitors' sessions
 # come from session_visitors, and each session's events from a seek in events_site_ts over
 # the session's own time span, so only the customers' visits are read, not the range.
-_CONVERTED_CUSTOMERS = {name: (
+_CONVERTED_CUSTOMERS = by_dialect(**{name: (
     "WITH linked (customer_id, visitor_id) AS ("  # noqa: S608 - fixed fragments by dialect
     f" SELECT customer_id, {integer_of_text(name, 'visitor_id')} FROM customers"
     "  WHERE site_id = ?1 AND visitor_id IS NOT NULL"
@@ -318,7 +319,7 @@ _CONVERTED_CUSTOMERS = {name: (
     " AND e.ts <= min(s.last_seen_at, ?3 - 1) AND e.session_id = s.id"
     " AND s.last_seen_at >= ?2 AND s.started_at < ?3"
     " AND e.name <> 'pageview' AND e.name <> '$identify'"
-) for name in ("sqlite", "postgres")}
+) for name in ("sqlite", "postgres")})
 
 
 def converted_customers(conn: Connection, site_id: int, t0: int,

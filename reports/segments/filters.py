@@ -194,12 +194,47 @@ def comparison_range(period: DateRange, compare: str) -> DateRange:
     return DateRange(_year_before(period.start), _year_before(period.end))
 
 
+# One meaning per rule, whichever engine and whichever report: traffic (through
+# reports.segments.queries.resolve, which matches the values the engine stores) and revenue
+# by first touch (touch_matches) both decide with these functions.
+
+def contains(value: str, wanted: str) -> bool:
+    """`~`: whether `value` contains `wanted`, ignoring case as Python's str.lower() does
+    (every Unicode letter, not only ASCII: `page~über` keeps /Über)."""
+    return wanted.lower() in value.lower()
+
+
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def _number(value) -> float | None:
+    """The value a property holds as a number, a double as JSON numbers are read: a number,
+    or a text that spells a JSON number (the text PostgreSQL keeps of a stored number)."""
+    if isinstance(value, bool):
+        return float(value)  # SQLite's json_each gives true as 1
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and _JSON_NUMBER.fullmatch(value):
+        return float(value)
+    return None
+
+
+def prop_equal(value, wanted: str) -> bool:
+    """`prop:` `==`: whether a stored property value (a str, or a number as SQLite's
+    json_each gives it) is the filter's `wanted`: the same text, or numbers of the same
+    value (1e20 and 100000000000000000000 are one value)."""
+    if isinstance(value, str) and value == wanted:
+        return True
+    number = _number(value)
+    return number is not None and number == _number(wanted)
+
+
 def _value_matches(f: Filter, value: str | None) -> bool:
     if f.operator == "==":
         return value is not None and value in f.values
     if f.operator == "!=":
         return value is None or value not in f.values
-    return value is not None and any(v.lower() in value.lower() for v in f.values)
+    return value is not None and any(contains(value, v) for v in f.values)
 
 
 def _prop_text(value) -> str:
@@ -218,12 +253,16 @@ def touch_matches(filters: tuple[Filter, ...], touch: Mapping[str, object] | Non
     for f in filters:
         if f.dimension == "prop":
             props = touch.get("props") or {}
-            value = _prop_text(props[f.prop]) if f.prop in props else None
+            raw = props.get(f.prop)
+            value = None if raw is None else _prop_text(raw)
+            equal = value is not None and any(prop_equal(raw, v) for v in f.values)
             if f.operator == "!=":
-                if value is not None and value in f.values:
+                if equal:
                     return False
                 continue
-            if not _value_matches(f, value):
+            if f.operator == "==" and not equal:
+                return False
+            if f.operator == "~" and not _value_matches(f, value):
                 return False
         elif not _value_matches(f, touch.get(f.dimension)):
             return False

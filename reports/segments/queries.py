@@ -28,9 +28,10 @@ from typing import NamedTuple
 
 import orjson
 
-from reports.segments.filters import Filter, Goal
+from reports.segments.filters import Filter, Goal, contains, prop_equal
 from reports.shared.params import DAY_MS
 from storage.connection import Connection
+from storage.statements import EMPTY, Fragment, fragment, join, statement, template
 
 SESSION_COLUMNS = {"channel": "s.channel", "source": "s.source", "medium": "s.utm_medium",
                    "campaign": "s.utm_campaign", "entry_page": "s.entry_path"}
@@ -46,83 +47,114 @@ BREAKDOWN_EVENT_COLUMNS = {"page": "e.pathname", "country": "e.country", "device
                            "browser": "e.browser", "os": "e.os", "event": "e.name"}
 
 
-def _column_clauses(column: str) -> dict[str, str]:
+_SESSION_PROBE = "SELECT 1 FROM sessions s WHERE s.id = 1{}"
+_EVENT_PROBE = "SELECT 1 FROM events e WHERE e.id = 1{}"
+
+
+def _column_clauses(column: str, probe: str) -> dict[str, Fragment]:
     # sql-safe: column comes from the fixed mappings above; values are a JSON parameter
     return {
-        "==": f"{column} IN (SELECT value FROM json_each(?))",  # noqa: S608 - fixed fragments
-        "!=": f"({column} IS NULL OR {column} NOT IN (SELECT value FROM json_each(?)))",  # noqa: S608 - fixed fragments
+        "==": fragment(f" AND {column} IN (SELECT value FROM json_each(?))", probe),  # noqa: S608 - fixed fragments
+        "!=": fragment(f" AND ({column} IS NULL OR {column} NOT IN (SELECT value FROM json_each(?)))", probe),  # noqa: S608 - fixed fragments
     }
 
 
-_CLAUSES = {dim: _column_clauses(col) for dim, col in {**SESSION_COLUMNS, **EVENT_COLUMNS}.items()}
-# A property filter takes two parameters: the key, then the values.
+_CLAUSES = {
+    **{dim: _column_clauses(col, _SESSION_PROBE) for dim, col in SESSION_COLUMNS.items()},
+    **{dim: _column_clauses(col, _EVENT_PROBE) for dim, col in EVENT_COLUMNS.items()},
+}
+# A property filter takes two parameters: the key, then the values (the texts the engine
+# stores for them, resolved by value first: `resolve`).
 _PROP_MATCH = "EXISTS (SELECT 1 FROM json_each(e.props) p WHERE p.key = ? AND "
 _CLAUSES["prop"] = {
-    "==": _PROP_MATCH + "CAST(p.value AS TEXT) IN (SELECT value FROM json_each(?)))",  # noqa: S608 - fixed fragments
-    "!=": "NOT " + _PROP_MATCH + "CAST(p.value AS TEXT) IN (SELECT value FROM json_each(?)))",  # noqa: S608 - fixed fragments
+    "==": fragment(" AND " + _PROP_MATCH + "CAST(p.value AS TEXT) IN (SELECT value FROM json_each(?)))", _EVENT_PROBE),  # noqa: S608 - fixed fragments
+    "!=": fragment(" AND NOT " + _PROP_MATCH + "CAST(p.value AS TEXT) IN (SELECT value FROM json_each(?)))", _EVENT_PROBE),  # noqa: S608 - fixed fragments
 }
-_GOAL_CLAUSES = {"event": "e.name = ?", "page": "e.name = 'pageview' AND e.pathname = ?"}
+_GOAL_CLAUSES = {
+    "event": fragment(" AND e.name = ?", _EVENT_PROBE),
+    "page": fragment(" AND e.name = 'pageview' AND e.pathname = ?", _EVENT_PROBE),
+}
+_GOAL_CLAUSES_OF_E2 = {
+    "event": fragment(" AND e2.name = ?", "SELECT 1 FROM events e2 WHERE e2.id = 1{}"),
+    "page": fragment(" AND e2.name = 'pageview' AND e2.pathname = ?",
+                     "SELECT 1 FROM events e2 WHERE e2.id = 1{}"),
+}
 
-# `~` (contains, ignoring ASCII case): the distinct values a dimension stores over a span,
-# and of those the ones containing one of the filter's values (a parameter each filter).
+# The distinct values a dimension stores over a span, which `resolve` matches filters
+# against (in Python, by reports.segments.filters' rules: one meaning, whichever engine).
 # A session dimension's values are those of the sessions started in the span and of the
 # sessions of the span's events (an event's session may have started before it).
 _STORED_EVENT_VALUES = (
     "SELECT DISTINCT {column} AS v FROM events e"
     " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND e.name <> '$identify'"
+    " AND {column} IS NOT NULL"
 )
 _STORED_SESSION_VALUES = (
     "SELECT {column} AS v FROM sessions s"
-    " WHERE s.site_id = ? AND s.started_at >= ? AND s.started_at < ?"
+    " WHERE s.site_id = ? AND s.started_at >= ? AND s.started_at < ? AND {column} IS NOT NULL"
     " UNION SELECT {column} AS v FROM sessions s WHERE s.id IN (SELECT e.session_id FROM events e"
-    " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ?)"
+    " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ?) AND {column} IS NOT NULL"
 )
-_STORED_PROP_VALUES = (
-    "SELECT DISTINCT CAST(p.value AS TEXT) AS v FROM events e CROSS JOIN json_each(e.props) p"
-    " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND e.name <> '$identify'"
-    " AND e.props IS NOT NULL AND p.key = ?"
-)
-_CONTAINS = " AND EXISTS (SELECT 1 FROM json_each(?) WHERE instr(lower(d.v), lower(value)) > 0)"
+_STORED_VALUES_OF = {
+    **{dim: statement(_STORED_SESSION_VALUES.format(column=col))  # sql-safe: fixed columns
+       for dim, col in SESSION_COLUMNS.items()},
+    **{dim: statement(_STORED_EVENT_VALUES.format(column=col))  # sql-safe: fixed columns
+       for dim, col in EVENT_COLUMNS.items()},
+    # The text each value is stored as (what a filter's membership test compares), and the
+    # value itself (a number as a number on SQLite, whose text keeps 15 digits).
+    "prop": statement(
+        "SELECT DISTINCT CAST(p.value AS TEXT) AS v, p.value FROM events e"
+        " CROSS JOIN json_each(e.props) p"
+        " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND e.name <> '$identify'"
+        " AND e.props IS NOT NULL AND p.key = ? AND p.value IS NOT NULL"),
+}
 
 
-def _stored_values_sql(dimension: str) -> str:
-    if dimension == "prop":
-        return _STORED_PROP_VALUES
-    if dimension in SESSION_COLUMNS:
-        # sql-safe: a column of the fixed mapping SESSION_COLUMNS
-        return _STORED_SESSION_VALUES.format(column=SESSION_COLUMNS[dimension])
-    # sql-safe: a column of the fixed mapping EVENT_COLUMNS
-    return _STORED_EVENT_VALUES.format(column=EVENT_COLUMNS[dimension])
+def stored_values(conn: Connection, site_id: int, dimension: str, prop: str | None,
+                  start: int, end: int) -> list[str]:
+    """The values the dimension (or property `prop`) takes over [start, end), as the engine
+    stores their text."""
+    return [row[0] for row in _stored(conn, site_id, dimension, prop, start, end)]
+
+
+def _stored(conn: Connection, site_id: int, dimension: str, prop: str | None,
+            start: int, end: int) -> list[tuple]:
+    span = (site_id, start, end)
+    params = (*span, prop) if dimension == "prop" else span * (
+        2 if dimension in SESSION_COLUMNS else 1)
+    return conn.execute(_STORED_VALUES_OF[dimension], params).fetchall()
 
 
 def matching_values(conn: Connection, site_id: int, dimension: str, prop: str | None,
                     value_lists: list[tuple[str, ...]], start: int, end: int) -> list[str]:
     """The values the dimension (or property `prop`) takes over [start, end) that contain,
-    ignoring ASCII case, one value of each list: what the `~` filters on it all keep."""
-    span = (site_id, start, end)
-    head = (*span, prop) if dimension == "prop" else span * (
-        2 if dimension in SESSION_COLUMNS else 1)
-    rows = conn.execute(
-        # sql-safe: fixed fragments, a _CONTAINS per filter; values are JSON parameters
-        "SELECT d.v FROM (" + _stored_values_sql(dimension) + ") d WHERE d.v IS NOT NULL"  # noqa: S608 - fixed
-        + _CONTAINS * len(value_lists),
-        (*head, *(orjson.dumps(list(values)).decode() for values in value_lists)))
-    return sorted(row[0] for row in rows)
+    ignoring case (reports.segments.filters.contains), one value of each list: what the
+    `~` filters on it all keep."""
+    return sorted(value for value in stored_values(conn, site_id, dimension, prop, start, end)
+                  if all(any(contains(value, v) for v in values) for values in value_lists))
 
 
 def resolve(conn: Connection, site_id: int, filters: tuple[Filter, ...],
             start: int, end: int) -> tuple[Filter, ...]:
     """The filters with the `~` filters of each dimension made one `==` filter listing the
-    values stored over [start, end) that they all keep: the same rows pass, for any rows
-    of that span."""
-    contains: dict[tuple[str, str | None], list[tuple[str, ...]]] = defaultdict(list)
+    values stored over [start, end) that they all keep, and each property's `==` and `!=`
+    values made the stored texts equal to them (reports.segments.filters.prop_equal: a
+    number by its value): the same rows pass, for any rows of that span."""
+    contains_lists: dict[tuple[str, str | None], list[tuple[str, ...]]] = defaultdict(list)
     kept = []
+    stored: dict[str | None, list[tuple]] = {}
     for f in filters:
         if f.operator == "~":
-            contains[(f.dimension, f.prop)].append(f.values)
+            contains_lists[(f.dimension, f.prop)].append(f.values)
+        elif f.dimension == "prop":
+            if f.prop not in stored:
+                stored[f.prop] = _stored(conn, site_id, "prop", f.prop, start, end)
+            equal = tuple(sorted({text for text, value in stored[f.prop]
+                                  if any(prop_equal(value, wanted) for wanted in f.values)}))
+            kept.append(Filter(f.dimension, f.operator, equal, f.prop))
         else:
             kept.append(f)
-    for (dimension, prop), value_lists in sorted(contains.items(), key=str):
+    for (dimension, prop), value_lists in sorted(contains_lists.items(), key=str):
         values = matching_values(conn, site_id, dimension, prop, value_lists, start, end)
         kept.append(Filter(dimension, "==", tuple(values), prop))
     return tuple(kept)
@@ -134,15 +166,15 @@ def resolve(conn: Connection, site_id: int, filters: tuple[Filter, ...],
 # seeks events per session (PostgreSQL would, once per session, on a range a day long).
 # Parameters: start and end of the span; then start, width four times; then the buckets
 # in a width and a day (1 + a day / width, a width dividing a day).
-_WINDOW = (
+_WINDOW = fragment(
     " AND m.site_id = e.site_id AND m.started_at >= ? AND m.started_at < ?"
     " AND (e.ts - ?) / ? >= (m.started_at - ?) / ?"
-    " AND (e.ts - ?) / ? < (m.started_at - ?) / ? + ?"
-)
+    " AND (e.ts - ?) / ? < (m.started_at - ?) / ? + ?",
+    probe="SELECT 1 FROM events e JOIN sessions m ON m.id = e.session_id WHERE e.id = 1{}")
 
 
 class Where(NamedTuple):
-    sql: str  # " AND ..." fragments, or ""
+    sql: Fragment  # " AND ..." fragments, or EMPTY
     params: tuple
 
 
@@ -155,7 +187,7 @@ def _where(filters: tuple[Filter, ...]) -> Where:
         if f.dimension == "prop":
             params.append(f.prop)
         params.append(orjson.dumps(list(f.values)).decode())
-    return Where("".join(" AND " + s for s in sql), tuple(params))
+    return Where(join(sql), tuple(params))
 
 
 class SegmentTotals(NamedTuple):
@@ -178,8 +210,98 @@ class SegmentCount(NamedTuple):
     goal_events: int = 0
 
 
+# The pieces of a segment's statements (`Segment`): each slot takes a fragment above or
+# below, or is left empty.
+_SESSION_JOIN = fragment(" LEFT JOIN sessions s ON s.id = e.session_id",
+                         probe="SELECT 1 FROM events e{} WHERE s.id = 1")
+# The segment's sessions with a matching event (dated from t0 to a day after t1).
+_MATCHING_SESSIONS = fragment(
+    " AND s.id IN (SELECT e.session_id FROM events e"
+    " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND e.name <> '$identify'{event_where})",
+    probe=_SESSION_PROBE)
+_GOAL_JOIN = fragment(
+    " LEFT JOIN (SELECT e.session_id, count(*) AS n FROM events e"
+    " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ?{goal}"
+    " GROUP BY e.session_id) g ON g.session_id = s.id",
+    probe="SELECT g.n FROM sessions s{}")
+# The same over many buckets: each event held to its session's bucket window (m).
+# A join to the matching sessions, grouped, rather than IN: no plan can then scan
+# events once per session.
+_BUCKET_MATCHING = fragment(
+    " JOIN (SELECT e.session_id FROM events e JOIN sessions m"  # noqa: S608 - fixed fragments
+    " ON m.id = e.session_id WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ?"
+    " AND e.name <> '$identify'{event_where}" + _WINDOW
+    + " GROUP BY e.session_id) matching ON matching.session_id = s.id",
+    probe="SELECT 1 FROM sessions s{}")
+_BUCKET_GOAL_JOIN = fragment(
+    " LEFT JOIN (SELECT e.session_id, count(*) AS n FROM events e JOIN sessions m"  # noqa: S608 - fixed fragments
+    " ON m.id = e.session_id WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ?{goal}" + _WINDOW
+    + " GROUP BY e.session_id) g ON g.session_id = s.id",
+    probe="SELECT g.n FROM sessions s{}")
+_NO_GOAL_COLUMNS = fragment(", 0, 0", probe="SELECT 1{}")
+_SESSION_GOAL_COLUMNS = fragment(
+    ", count(DISTINCT CASE WHEN g.n > 0 THEN s.visitor_id END), coalesce(sum(g.n), 0)",
+    probe="SELECT 1{} FROM sessions s LEFT JOIN (SELECT 1 AS n) g ON true")
+_EVENT_GOAL_COLUMNS = fragment(
+    ", count(DISTINCT CASE WHEN e.visitor_id IN (SELECT e2.visitor_id FROM events e2"
+    " WHERE e2.site_id = ? AND e2.ts >= ? AND e2.ts < ?{goal_of_e2})"
+    " THEN e.visitor_id END), count(*) FILTER (WHERE true{goal})",
+    probe="SELECT 1{} FROM events e")
+_CUSTOM_EVENTS_ONLY = fragment(" AND e.name <> 'pageview'", probe=_EVENT_PROBE)
+_BREAKDOWN_COLUMNS = {
+    **{by: fragment(column, probe="SELECT {} FROM sessions s")
+       for by, column in BREAKDOWN_SESSION_COLUMNS.items()},
+    **{by: fragment(column, probe="SELECT {} FROM events e")
+       for by, column in BREAKDOWN_EVENT_COLUMNS.items()},
+}
+_WITH_A_GOAL = {"goal_columns": _SESSION_GOAL_COLUMNS,
+                "goal_join": _BUCKET_GOAL_JOIN.format(goal=_GOAL_CLAUSES["page"]),
+                "matching_join": _BUCKET_MATCHING.format(event_where=_CLAUSES["page"]["=="]),
+                "session_where": _CLAUSES["channel"]["!="]}
+
+_BUCKET_EVENTS = template(
+    "SELECT (e.ts - ?) / ? AS bucket, count(*) FILTER (WHERE e.name = 'pageview'),"
+    " count(*) FILTER (WHERE e.name <> 'pageview')"
+    " FROM events e{session_join}"
+    " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND e.name <> '$identify'"
+    "{session_where}{event_where} GROUP BY bucket",
+    {}, {"session_join": _SESSION_JOIN, "session_where": _CLAUSES["channel"]["=="],
+         "event_where": _CLAUSES["prop"]["!="]})
+_BUCKET_SESSIONS = template(
+    "SELECT (s.started_at - ?) / ? AS bucket, count(DISTINCT s.visitor_id), count(*),"
+    " count(*) FILTER (WHERE s.pageviews = 1 AND s.custom_events = 0),"
+    " coalesce(sum(s.last_seen_at - s.started_at), 0){goal_columns}"
+    ", coalesce(sum(s.pageviews), 0), coalesce(sum(s.custom_events), 0)"
+    " FROM sessions s{goal_join}{matching_join}"
+    " WHERE s.site_id = ? AND s.started_at >= ? AND s.started_at < ?{session_where}"
+    " GROUP BY bucket",
+    {"goal_columns": _NO_GOAL_COLUMNS}, _WITH_A_GOAL)
+_SESSION_VALUES = template(
+    "SELECT {column}, count(DISTINCT s.visitor_id), sum(s.pageviews),"
+    " sum(s.custom_events){goal_columns} FROM sessions s{goal_join}"
+    " WHERE s.site_id = ? AND s.started_at >= ? AND s.started_at < ?{session_where}{matching}"
+    " GROUP BY {column}",
+    {"column": _BREAKDOWN_COLUMNS["source"], "goal_columns": _NO_GOAL_COLUMNS},
+    {"column": _BREAKDOWN_COLUMNS["channel"], "goal_columns": _SESSION_GOAL_COLUMNS,
+     "goal_join": _GOAL_JOIN.format(goal=_GOAL_CLAUSES["event"]),
+     "matching": _MATCHING_SESSIONS.format(event_where=_CLAUSES["page"]["=="]),
+     "session_where": _CLAUSES["medium"]["=="]})
+_EVENT_VALUES = template(
+    "SELECT {column}, count(DISTINCT e.visitor_id),"
+    " count(*) FILTER (WHERE e.name = 'pageview'),"
+    " count(*) FILTER (WHERE e.name <> 'pageview'){goal_columns}"
+    " FROM events e{session_join}"
+    " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND e.name <> '$identify'"
+    "{session_where}{event_where}{custom_events_only} GROUP BY {column}",
+    {"column": _BREAKDOWN_COLUMNS["page"], "goal_columns": _NO_GOAL_COLUMNS},
+    {"column": _BREAKDOWN_COLUMNS["event"], "session_join": _SESSION_JOIN,
+     "session_where": _CLAUSES["source"]["=="], "custom_events_only": _CUSTOM_EVENTS_ONLY,
+     "goal_columns": _EVENT_GOAL_COLUMNS.format(goal_of_e2=_GOAL_CLAUSES_OF_E2["page"],
+                                                goal=_GOAL_CLAUSES["page"])})
+
+
 class Segment:
-    """The statements of one segment (built once per report from fixed fragments)."""
+    """The statements of one segment (built once per report from declared fragments)."""
 
     def __init__(self, filters: tuple[Filter, ...], goal: Goal | None):
         self.filters = filters
@@ -187,50 +309,26 @@ class Segment:
         self.session_where = _where(tuple(f for f in filters if f.is_session))
         self.event_where = _where(tuple(f for f in filters if not f.is_session))
         self.needs_session_join = bool(self.session_where.sql)
-        join = " LEFT JOIN sessions s ON s.id = e.session_id" if self.needs_session_join else ""
-        # sql-safe: fragments from the fixed clause tables above; values are parameters
-        self.events_from = (  # sql-safe: fixed fragments only
-            " FROM events e" + join +  # sql-safe: fixed fragment
-            " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND e.name <> '$identify'"
-            + self.session_where.sql + self.event_where.sql)  # sql-safe: fixed fragments
         self.events_params = self.session_where.params + self.event_where.params
-        matching = ""
-        if self.event_where.sql:
-            matching = (" AND s.id IN (SELECT e.session_id FROM events e"  # noqa: S608 - fixed fragments
-                        " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND e.name <> '$identify'"
-                        + self.event_where.sql + ")")  # sql-safe: fixed fragments
-        self.sessions_where = (  # sql-safe: fixed fragments only
-            " WHERE s.site_id = ? AND s.started_at >= ? AND s.started_at < ?"
-            + self.session_where.sql + matching)  # sql-safe: fixed fragments
-        self.goal_sql = None
-        if goal is not None:
-            self.goal_sql = (  # sql-safe: fixed fragments only
-                " LEFT JOIN (SELECT e.session_id, count(*) AS n FROM events e"  # noqa: S608 - fixed fragments
-                " WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND "
-                + _GOAL_CLAUSES[goal.kind] + " GROUP BY e.session_id) g ON g.session_id = s.id")
-        # The same over many buckets: each event held to its session's bucket window (m).
-        # A join to the matching sessions, grouped, rather than IN: no plan can then scan
-        # events once per session.
-        self.bucket_matching = ""
-        if self.event_where.sql:
-            self.bucket_matching = (  # sql-safe: fixed fragments only
-                " JOIN (SELECT e.session_id FROM events e JOIN sessions m"  # noqa: S608 - fixed fragments
-                " ON m.id = e.session_id WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ?"
-                " AND e.name <> '$identify'" + self.event_where.sql + _WINDOW
-                + " GROUP BY e.session_id) matching ON matching.session_id = s.id")
-        self.bucket_goal_sql = ""
-        if goal is not None:
-            self.bucket_goal_sql = (  # sql-safe: fixed fragments only
-                " LEFT JOIN (SELECT e.session_id, count(*) AS n FROM events e JOIN sessions m"  # noqa: S608 - fixed fragments
-                " ON m.id = e.session_id WHERE e.site_id = ? AND e.ts >= ? AND e.ts < ? AND "
-                + _GOAL_CLAUSES[goal.kind] + _WINDOW
-                + " GROUP BY e.session_id) g ON g.session_id = s.id")
+        self._slots = {
+            "session_join": _SESSION_JOIN if self.needs_session_join else EMPTY,
+            "session_where": self.session_where.sql,
+            "event_where": self.event_where.sql,
+        }
+        self._matching = (_MATCHING_SESSIONS.format(event_where=self.event_where.sql)
+                          if self.event_where.sql else EMPTY)
+        self._goal_join = (_GOAL_JOIN.format(goal=_GOAL_CLAUSES[goal.kind])
+                           if goal is not None else EMPTY)
 
     def _sessions_params(self, site_id: int, t0: int, t1: int) -> tuple:
         params = (site_id, t0, t1, *self.session_where.params)
         if self.event_where.sql:
             params += (site_id, t0, t1 + DAY_MS, *self.event_where.params)
         return params
+
+    def sessions_params(self, site_id: int, t0: int, t1: int) -> tuple:
+        """The parameters of `sessions_where` for the sessions started in [t0, t1)."""
+        return self._sessions_params(site_id, t0, t1)
 
     def _goal_params(self, site_id: int, t0: int, t1: int) -> tuple:
         return (site_id, t0, t1 + DAY_MS, self.goal.name) if self.goal else ()
@@ -249,26 +347,21 @@ class Segment:
         event_counts: dict[int, tuple[int, int]] = {}
         if not by_sessions:
             for bucket, pageviews, events in conn.execute(
-                    "SELECT (e.ts - ?) / ? AS bucket, count(*) FILTER (WHERE e.name = 'pageview'),"
-                    " count(*) FILTER (WHERE e.name <> 'pageview')"
-                    + self.events_from  # sql-safe: built from fixed fragments in __init__
-                    + " GROUP BY bucket",
+                    _BUCKET_EVENTS.fill(**self._slots),
                     (start, width, site_id, start, end, *self.events_params)):
                 event_counts[bucket] = (pageviews, events)
         window = (start, end, *(start, width) * 4, 1 + DAY_MS // width)
         goal_params = (site_id, start, end + DAY_MS, self.goal.name, *window) if self.goal else ()
         matching_params = ((site_id, start, end + DAY_MS, *self.event_where.params, *window)
                            if self.event_where.sql else ())
-        goal_columns = (", count(DISTINCT CASE WHEN g.n > 0 THEN s.visitor_id END),"
-                        " coalesce(sum(g.n), 0)") if self.goal else ", 0, 0"
         rows = conn.execute(
-            "SELECT (s.started_at - ?) / ? AS bucket, count(DISTINCT s.visitor_id), count(*),"  # noqa: S608 - fixed fragments
-            " count(*) FILTER (WHERE s.pageviews = 1 AND s.custom_events = 0),"
-            " coalesce(sum(s.last_seen_at - s.started_at), 0)" + goal_columns
-            + ", coalesce(sum(s.pageviews), 0), coalesce(sum(s.custom_events), 0)"
-            + " FROM sessions s" + self.bucket_goal_sql + self.bucket_matching  # sql-safe: fixed
-            + " WHERE s.site_id = ? AND s.started_at >= ? AND s.started_at < ?"
-            + self.session_where.sql + " GROUP BY bucket",  # sql-safe: fixed fragments
+            _BUCKET_SESSIONS.fill(
+                goal_columns=_SESSION_GOAL_COLUMNS if self.goal else _NO_GOAL_COLUMNS,
+                goal_join=(_BUCKET_GOAL_JOIN.format(goal=_GOAL_CLAUSES[self.goal.kind])
+                           if self.goal else EMPTY),
+                matching_join=(_BUCKET_MATCHING.format(event_where=self.event_where.sql)
+                               if self.event_where.sql else EMPTY),
+                session_where=self.session_where.sql),
             (start, width, *goal_params, *matching_params, site_id, start, end,
              *self.session_where.params))
         totals = {}
@@ -285,35 +378,25 @@ class Segment:
     def values(self, conn: Connection, site_id: int, t0: int, t1: int,
                by: str) -> list[SegmentCount]:
         if by in BREAKDOWN_SESSION_COLUMNS:
-            column = BREAKDOWN_SESSION_COLUMNS[by]
-            goal_columns = (", count(DISTINCT CASE WHEN g.n > 0 THEN s.visitor_id END),"
-                            " coalesce(sum(g.n), 0)") if self.goal_sql else ", 0, 0"
             rows = conn.execute(
-                # sql-safe: column from the fixed mapping; the rest fixed fragments
-                f"SELECT {column}, count(DISTINCT s.visitor_id), sum(s.pageviews),"  # noqa: S608 - fixed
-                " sum(s.custom_events)" + goal_columns  # sql-safe: fixed fragments
-                + " FROM sessions s" + (self.goal_sql or "") + self.sessions_where  # sql-safe: fixed
-                + f" GROUP BY {column}",  # sql-safe: fixed column
+                _SESSION_VALUES.fill(
+                    column=_BREAKDOWN_COLUMNS[by],
+                    goal_columns=_SESSION_GOAL_COLUMNS if self.goal else _NO_GOAL_COLUMNS,
+                    goal_join=self._goal_join, session_where=self.session_where.sql,
+                    matching=self._matching),
                 (*self._goal_params(site_id, t0, t1), *self._sessions_params(site_id, t0, t1)))
         else:
-            column = BREAKDOWN_EVENT_COLUMNS[by]
-            goal_columns, goal_params = ", 0, 0", ()
+            goal_columns, goal_params = _NO_GOAL_COLUMNS, ()
             if self.goal is not None:
-                goal_columns = (
-                    ", count(DISTINCT CASE WHEN e.visitor_id IN (SELECT e2.visitor_id FROM events e2"  # noqa: S608 - fixed fragments
-                    " WHERE e2.site_id = ? AND e2.ts >= ? AND e2.ts < ? AND "
-                    + _GOAL_CLAUSES[self.goal.kind].replace("e.", "e2.")
-                    + ") THEN e.visitor_id END), count(*) FILTER (WHERE "
-                    + _GOAL_CLAUSES[self.goal.kind] + ")")
+                goal_columns = _EVENT_GOAL_COLUMNS.format(
+                    goal_of_e2=_GOAL_CLAUSES_OF_E2[self.goal.kind],
+                    goal=_GOAL_CLAUSES[self.goal.kind])
                 goal_params = (site_id, t0, t1 + DAY_MS, self.goal.name, self.goal.name)
             rows = conn.execute(
-                # sql-safe: column from the fixed mapping; the rest fixed fragments
-                f"SELECT {column}, count(DISTINCT e.visitor_id),"  # noqa: S608 - fixed column
-                " count(*) FILTER (WHERE e.name = 'pageview'),"
-                " count(*) FILTER (WHERE e.name <> 'pageview')" + goal_columns
-                + self.events_from  # sql-safe: fixed fragments
-                + (" AND e.name <> 'pageview'" if by == "event" else "")
-                + f" GROUP BY {column}",  # sql-safe: fixed column
+                _EVENT_VALUES.fill(
+                    column=_BREAKDOWN_COLUMNS[by], goal_columns=goal_columns,
+                    custom_events_only=_CUSTOM_EVENTS_ONLY if by == "event" else EMPTY,
+                    **self._slots),
                 (*goal_params, site_id, t0, t1, *self.events_params))
         return [SegmentCount(value, visitors, pageviews or 0, events or 0, conversions,
                              goal_events)
@@ -322,37 +405,37 @@ class Segment:
 
 # A segment's final days, stored (reports.segments.segment_days): the segments a site
 # keeps, and per segment the figures of each stored day, dimension and value.
-_REGISTER = (
+_REGISTER = statement(
     "INSERT INTO traffic_segments (site_id, segment, created_at)"
     " SELECT ?1, ?2, ?3 WHERE (SELECT count(*) FROM traffic_segments WHERE site_id = ?1) < ?4"
     " ON CONFLICT DO NOTHING"
 )
-_REGISTERED = "SELECT 1 FROM traffic_segments WHERE site_id = ? AND segment = ?"
-_STORED_TOTALS = (
+_REGISTERED = statement("SELECT 1 FROM traffic_segments WHERE site_id = ? AND segment = ?")
+_STORED_TOTALS = statement(
     "SELECT day, visitors, pageviews, sessions, events, bounces, duration_ms, conversions,"
     " goal_events FROM traffic_segment_days"
     " WHERE site_id = ? AND segment = ? AND day >= ? AND day <= ?"
 )
-_STORE_TOTALS = (
+_STORE_TOTALS = statement(
     "INSERT INTO traffic_segment_days (site_id, segment, day, visitors, pageviews, sessions,"
     " events, bounces, duration_ms, conversions, goal_events)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
-_STORED_DIMENSION_DAYS = (
+_STORED_DIMENSION_DAYS = statement(
     "SELECT day FROM traffic_segment_dimensions"
     " WHERE site_id = ? AND segment = ? AND dimension = ? AND day >= ? AND day <= ?"
 )
-_STORED_VALUES = (
+_STORED_VALUES = statement(
     "SELECT value, sum(visitors), sum(pageviews), sum(events), sum(conversions),"
     " sum(goal_events) FROM traffic_segment_values"
     " WHERE site_id = ? AND segment = ? AND dimension = ? AND day >= ? AND day <= ?"
     " GROUP BY value"
 )
-_STORE_DIMENSION = (
+_STORE_DIMENSION = statement(
     "INSERT INTO traffic_segment_dimensions (site_id, segment, dimension, day)"
     " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
-_STORE_VALUE = (
+_STORE_VALUE = statement(
     "INSERT INTO traffic_segment_values (site_id, segment, dimension, day, value, visitors,"
     " pageviews, events, conversions, goal_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )

@@ -21,12 +21,13 @@ from reports.shared.params import InvalidReportParameter
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 _SKIPPED_CATEGORIES = ("Cc", "Cf")  # controls (NUL, ...) and format characters (BOM, ZWSP)
-CSV_REPORTS = ("breakdown", "revenue", "timeseries")
+CSV_REPORTS = ("breakdown", "revenue", "timeseries", "funnel")
 TRAFFIC = ("visitors", "pageviews", "sessions", "events", "bounce_rate", "avg_session_seconds")
 GOAL = ("conversions", "conversion_rate", "goal_events")
 REVENUE = ("gross", "refunds", "chargebacks", "fees", "net", "net_after_fees", "payments",
            "customers", "visitors", "paying_customers", "conversion_rate", "net_per_visitor")
 BUCKET_REVENUE = ("net", "new_customers", "mrr")
+FUNNEL = ("visitors", "conversion_rate", "dropoff", "dropoff_rate")
 
 
 def cell(value) -> str:
@@ -93,7 +94,22 @@ def timeseries_csv(data: dict) -> str:
     return write(header, lines)
 
 
-WRITERS = {"breakdown": breakdown_csv, "revenue": revenue_csv, "timeseries": timeseries_csv}
+def funnel_csv(data: dict) -> str:
+    """One line per step; a funnel that ends in payment adds, on the payment step's line,
+    the net revenue and paying customers of each currency."""
+    currencies = sorted(data.get("revenue", {}))
+    header = ["step", *FUNNEL,
+              *(f"{figure}_{currency}" for currency in currencies for figure in ("net", "customers"))]
+    last = len(data["steps"]) - 1
+    lines = ([r["step"], *(r[c] for c in FUNNEL),
+              *(data["revenue"][currency][figure] if i == last else None
+                for currency in currencies for figure in ("net", "customers"))]
+             for i, r in enumerate(data["steps"]))
+    return write(header, lines)
+
+
+WRITERS = {"breakdown": breakdown_csv, "revenue": revenue_csv, "timeseries": timeseries_csv,
+           "funnel": funnel_csv}
 
 
 def as_csv(report: str, data: dict) -> str:

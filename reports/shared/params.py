@@ -20,6 +20,7 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 BREAKDOWN_DIMENSIONS = (
     "channel", "source", "page", "entry_page", "country", "device", "browser", "os", "event",
+    "medium", "campaign", "term", "content",
 )
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")

@@ -68,6 +68,15 @@ def goals_lines(data: dict, table: Table) -> list[str]:
             *table(rows, ("name", "conversions", "events", "conversion_rate", "revenue"))]
 
 
+def funnel_lines(data: dict, table: Table) -> list[str]:
+    name = f" {data['funnel']!r}" if "funnel" in data else ""
+    lines = [f"Funnel{name} from {data['from']} to {data['to']}",
+             *table(data["steps"], ("step", "visitors", "conversion_rate", "dropoff"))]
+    for currency, figures in data.get("revenue", {}).items():
+        lines.append(f"{currency}: net {figures['net']} from {figures['customers']} customers")
+    return lines
+
+
 def realtime_lines(data: dict, table: Table) -> list[str]:
     return [f"At {data['at']}: {data['visitors']} visitors in the last 5 minutes "
             f"(events can be up to {data['max_delay_seconds']} s late)",

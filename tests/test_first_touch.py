@@ -1,0 +1,84 @@
+"""First touch has one definition (storage.sessions.FIRST_TOUCHES); the triggers of each
+schema keep customer_first_touch equal to it row by row, on both engines, after every kind
+of write that can move it: a session and its visitor, another visitor joining a session, a
+$identify link, a customer, a customer's links changing, a session found to start earlier."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from storage.sessions import defined_first_touches, stored_first_touches
+
+SITE_ID = 1
+T0 = 1_790_000_000_000
+
+
+def _step(conn, rnd: random.Random, state: dict) -> str:
+    kind = rnd.choice(("session", "session", "link", "identity", "customer", "relink",
+                       "earlier"))
+    sessions, customers = state["sessions"], state["customers"]
+    if kind == "link" and sessions:
+        conn.execute("INSERT INTO session_visitors (site_id, visitor_id, session_id)"
+                     " VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                     (SITE_ID, rnd.randrange(1, 9), rnd.choice(sessions)))
+    elif kind == "identity":
+        conn.execute("INSERT INTO visitor_identities (site_id, uid, visitor_id, linked_at)"
+                     " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                     (SITE_ID, f"u{rnd.randrange(4)}", rnd.randrange(1, 9), T0))
+    elif kind == "customer":
+        customer = f"c{len(customers)}"
+        customers.append(customer)
+        conn.execute("INSERT INTO customers (site_id, customer_id, user_id, visitor_id, as_of_ms,"
+                     " created_at, updated_at) VALUES (?, ?, ?, ?, 0, 0, 0)",
+                     (SITE_ID, customer, rnd.choice((None, "u0", "u1", "u2")),
+                      rnd.choice((None, "1", "2", "3", "4", "5", "x"))))
+    elif kind == "relink" and customers:
+        conn.execute("UPDATE customers SET user_id = ?, visitor_id = ? WHERE customer_id = ?",
+                     (rnd.choice((None, "u0", "u3")), rnd.choice((None, "6", "7", "8")),
+                      rnd.choice(customers)))
+    elif kind == "earlier" and sessions:
+        conn.execute("UPDATE sessions SET started_at = started_at - ? WHERE id = ?",
+                     (rnd.randrange(1, 5) * 60_000, rnd.choice(sessions)))
+    else:
+        session = len(sessions) + 1
+        sessions.append(session)
+        started = T0 + rnd.randrange(0, 10) * 60_000  # ties broken by id
+        visitor = rnd.randrange(1, 9)
+        conn.execute("INSERT INTO sessions (id, site_id, visitor_id, started_at, last_seen_at,"
+                     " channel) VALUES (?, ?, ?, ?, ?, 'Direct')",
+                     (session, SITE_ID, visitor, started, started + 60_000))
+        conn.execute("INSERT INTO session_visitors (site_id, visitor_id, session_id)"
+                     " VALUES (?, ?, ?)", (SITE_ID, visitor, session))
+    return kind
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_triggers_keep_first_touch_as_defined(store, seed):
+    rnd = random.Random(seed)
+    state = {"sessions": [], "customers": []}
+    for n in range(60):
+        with store.transaction() as conn:
+            kind = _step(conn, rnd, state)
+        conn = store.conn()
+        assert stored_first_touches(conn) == defined_first_touches(conn), (seed, n, kind)
+    assert any(session is not None for *_, session in defined_first_touches(store.conn()))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a customer.visitor_id that spells its visitor another way ('03' for 3) is linked when"
+    " the customer is written (refresh_run compares as numbers, as the definition does) but"
+    " not when the session comes later (first_touch_new_session_visitor compares texts),"
+    " on both engines: the figure depends on the order of arrival. Left for a schema change"))
+def test_a_visitor_id_spelled_another_way_links_whatever_the_order(store):
+    with store.transaction() as conn:
+        conn.execute("INSERT INTO customers (site_id, customer_id, visitor_id, as_of_ms,"
+                     " created_at, updated_at) VALUES (?, 'c', '03', 0, 0, 0)", (SITE_ID,))
+        conn.execute("INSERT INTO sessions (id, site_id, visitor_id, started_at, last_seen_at,"
+                     " channel) VALUES (1, ?, 3, ?, ?, 'Direct')", (SITE_ID, T0, T0))
+        conn.execute("INSERT INTO session_visitors (site_id, visitor_id, session_id)"
+                     " VALUES (?, 3, 1)", (SITE_ID,))
+    conn = store.conn()
+    assert defined_first_touches(conn) == [(SITE_ID, "c", 1)]
+    assert stored_first_touches(conn) == defined_first_touches(conn)
