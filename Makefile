@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 BIND ?= 127.0.0.1:8000
 WORKERS ?= 2
 
-.PHONY: install system-deps run test test-loaded lint bench bench-dist bench-reads fuzz clean dist dist-binary test-dist-binary
+.PHONY: install system-deps run test test-loaded lint bench bench-dist bench-reads bench-hosts fuzz clean dist dist-binary test-dist-binary
 
 install: $(VENV)/.installed
 
@@ -107,6 +107,12 @@ bench-reads:
 	@command -v $(WRK) >/dev/null 2>&1 || { echo "make bench-reads needs wrk: apt-get install wrk" >&2; exit 1; }
 	@$(MAKE) --no-print-directory install
 	$(BIN)/python -m bench.reads --backend $(READS_BACKENDS)
+
+# One host's flush thread against two hosts' (processes, a site each) storing into one
+# PostgreSQL (bench/parallel_flush.py, a few minutes); needs no wrk. EVENTS per host.
+EVENTS ?= 50000
+bench-hosts: install
+	$(BIN)/python -m bench.parallel_flush --events $(EVENTS)
 
 # The one-file build's size and start times (bench/dist.py); needs no wrk.
 bench-dist: install

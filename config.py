@@ -22,6 +22,10 @@ class Config:
     # file db_path is the database.
     database_url: str | None = None
     database_pool: int = 8  # PostgreSQL connections each process lends its request threads
+    # A streaming replica of database_url that reads over HTTP use while it is at most
+    # replica_max_lag seconds behind (storage/replica.py).
+    database_read_url: str | None = None
+    replica_max_lag: float = 10.0
     queue_max: int = 10_000
     flush_interval: float = 1.0
     log_level: str = "INFO"
@@ -68,6 +72,9 @@ class Config:
         return cls(
             db_path=env.get("TALLY_DB") or defaults.db_path,
             database_url=_database_url(env),
+            database_read_url=_database_read_url(env),
+            replica_max_lag=_positive_float(env, "TALLY_REPLICA_MAX_LAG",
+                                            defaults.replica_max_lag),
             database_pool=_int_between(env, "TALLY_DATABASE_POOL", defaults.database_pool,
                                        (1, 1000), "one connection"),
             queue_max=_int_between(env, "TALLY_QUEUE_MAX", defaults.queue_max,
@@ -207,6 +214,18 @@ def _database_url(env: Mapping[str, str]) -> str | None:
     if not raw.startswith(("postgresql://", "postgres://")):
         raise ConfigError("TALLY_DATABASE_URL must be a postgresql:// URL"
                           " (leave it unset for the SQLite file TALLY_DB)")
+    return raw
+
+
+def _database_read_url(env: Mapping[str, str]) -> str | None:
+    raw = env.get("TALLY_DATABASE_READ_URL", "").strip()
+    if not raw:
+        return None
+    if not raw.startswith(("postgresql://", "postgres://")):
+        raise ConfigError("TALLY_DATABASE_READ_URL must be a postgresql:// URL")
+    if not env.get("TALLY_DATABASE_URL", "").strip():
+        raise ConfigError("TALLY_DATABASE_READ_URL needs TALLY_DATABASE_URL: the replica"
+                          " is a copy of that PostgreSQL database")
     return raw
 
 

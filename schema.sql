@@ -662,4 +662,4 @@ CREATE TABLE IF NOT EXISTS funnels (
     UNIQUE (site_id, name)
 );
 
-PRAGMA user_version = 20;
+PRAGMA user_version = 21;

@@ -31,6 +31,7 @@ from storage.connection import Connection
 from storage.directory import site_hosts
 from storage.sessions import (
     add_session_counts,
+    final_session_ids,
     insert_sessions,
     link_identities,
     link_session_visitors,
@@ -181,6 +182,18 @@ class _Visits:
             self.by_visitor[key] = [session]
         self.links.append((key[0], key[1], session.id))
 
+    def final_ids(self) -> dict[int, int] | None:
+        """Give the new sessions their final ids where they had provisional ones
+        (storage.sessions.final_session_ids): provisional id -> final id, or None."""
+        final = final_session_ids(self.conn, len(self.new))
+        if final is None:
+            return None
+        renamed = {}
+        for session, session_id in zip(self.new, final, strict=True):
+            renamed[session.id] = session.id = session_id
+        self.links = [(site, visitor, renamed.get(sid, sid)) for site, visitor, sid in self.links]
+        return renamed
+
     def write(self, touched: Iterable[_Session]) -> None:
         """New sessions, then earlier starts, counts and new visitor ids of stored ones.
 
@@ -283,6 +296,9 @@ class SessionWriter:
                 if key[1] not in current.visitor_ids:
                     link(current, key)
                 session_ids[index] = current.id
+        renamed = visits.final_ids()
+        if renamed:
+            session_ids = [renamed.get(sid, sid) for sid in session_ids]
         visits.write(touched.values())
         self._link_identities(conn, visits, identifies)
         return session_ids

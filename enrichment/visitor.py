@@ -58,7 +58,8 @@ class VisitorSalts:
         if salt is None:
             salt = read_salt(conn, day)
             if salt is None:
-                with self.db.transaction(conn):
+                # The first writer wins, whoever writes meanwhile: no site's lock needed.
+                with self.db.transaction(conn, sites=()):
                     insert_salt(conn, day, self.random_bytes(SALT_BYTES), int(self.clock() * 1000))
                 salt = read_salt(conn, day)
             self._salts[day] = salt
@@ -69,7 +70,7 @@ class VisitorSalts:
         today = utc_day(int(self.clock() * 1000))
         if self._pruned_on == today:
             return False
-        with self.db.transaction(conn):
+        with self.db.transaction(conn, sites=()):
             delete_salts_before(conn, today - 1)
         self._salts = {day: salt for day, salt in self._salts.items() if day >= today - 1}
         self._pruned_on = today

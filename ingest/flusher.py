@@ -248,7 +248,7 @@ class Flusher:
 
     def _write(self, conn: Connection, units: list[Accepted]) -> int:
         batch = enrich(self.enricher, conn, units)
-        self._commit(conn, batch)
+        self._commit(conn, batch, {unit.site_id for unit in units})
         return len(batch.rows)
 
     def _set_aside(self, conn: Connection, units: list[Accepted], reason: str) -> None:
@@ -264,12 +264,14 @@ class Flusher:
             self.quota.release((unit.account_id, unit.month), unit.counted,
                                unit.counted if unit.anonymous else 0)
 
-    def _commit(self, conn: Connection, batch: EventBatch) -> None:
+    def _commit(self, conn: Connection, batch: EventBatch, sites: set[int]) -> None:
         quota = self.quota
         if quota is not None:
             quota.begin_commit()
         try:
-            with self.db.transaction(conn):
+            # Only these sites' rows and their accounts' usage are written: on PostgreSQL
+            # other sites' flushes and payments go on meanwhile.
+            with self.db.transaction(conn, sites=sites):
                 self.write(conn, batch)
         except BaseException:
             batch.usage_totals.clear()

@@ -11,5 +11,7 @@ def open_database(config):
         from storage.postgres import PostgresDatabase  # psycopg loads only when chosen
 
         return PostgresDatabase(config.database_url, busy_timeout_ms=config.busy_timeout_ms,
-                                pool_size=config.database_pool)
+                                pool_size=config.database_pool,
+                                read_url=config.database_read_url,
+                                replica_max_lag=config.replica_max_lag)
     return Database(config.db_path, busy_timeout_ms=config.busy_timeout_ms)

@@ -58,6 +58,11 @@ class StorageBusy(StorageError):
     """A transient condition: the write lock stayed taken past the bounded wait."""
 
 
+class ReplicaLost(StorageBusy):
+    """The read replica failed a read (storage/replica.py): the read runs again on the
+    primary."""
+
+
 class ReadBudgetExceeded(Exception):
     """A read ran past its budget (Database.read_budget) and its statement was stopped.
 
@@ -243,6 +248,12 @@ class Database:
         except sqlite3.Error:
             pass  # the file could not grow either: the log keeps the frames, nothing is lost
 
+    @contextmanager
+    def replica_reads(self):
+        """Nothing to route: SQLite has no replica (PostgreSQL's Database reads from one
+        inside this block when it has one)."""
+        yield
+
     def release(self) -> None:
         """Nothing to give back: each thread keeps its SQLite connection (PostgreSQL's
         Database lends pooled ones and takes them back here)."""
@@ -288,8 +299,10 @@ class Database:
         self._local = threading.local()
 
     @contextmanager
-    def transaction(self, conn: sqlite3.Connection | None = None):
-        """BEGIN IMMEDIATE ... COMMIT, with errors mapped to StorageBusy/StorageError."""
+    def transaction(self, conn: sqlite3.Connection | None = None, *, sites=None):
+        """BEGIN IMMEDIATE ... COMMIT, with errors mapped to StorageBusy/StorageError.
+        `sites`: the sites whose rows alone the transaction writes; SQLite has one writer
+        whatever they are (PostgreSQL's Database lets other sites write meanwhile)."""
         conn = conn or self.conn()
         try:
             begin_immediate(conn)

@@ -140,6 +140,10 @@ POSTGRES_STEPS: dict[int, tuple[str, ...]] = {
          " CHECK (anonymous >= 0)"),
     19: ("ALTER TABLE user_accounts ADD COLUMN IF NOT EXISTS role TEXT NOT NULL DEFAULT 'owner'"
          " CHECK (role IN ('owner', 'admin', 'viewer'))",),
+    # Version 21: new sessions take their ids from the sequence (storage/sessions.py);
+    # the flush used to write max(id) + 1 past it, so it continues after the largest id.
+    21: ("SELECT setval(pg_get_serial_sequence('sessions', 'id'), max(id)) FROM sessions"
+         " HAVING max(id) IS NOT NULL",),
 }
 
 

@@ -111,7 +111,7 @@ class PaymentStore:
         if self.group is not None:
             self.group.store(site_id, payment, now_ms)
             return
-        with self.db.transaction() as conn:
+        with self.db.transaction(sites=(site_id,)) as conn:
             self.write(conn, site_id, payment, now_ms)
 
     @classmethod

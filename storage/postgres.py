@@ -6,10 +6,14 @@ statement's PostgreSQL spelling when it is declared. `PostgresConnection` gives 
 of Tally the sqlite3 connection it already uses (execute, executemany, fetchone, rowcount,
 in_transaction) and runs a declared statement's compiled spelling as is.
 
-Writers are serialized as SQLite serializes them: `BEGIN IMMEDIATE` takes one
-transaction-scoped advisory lock, so every invariant the flush relies on (session ids
-read then written, quota rows, first touches) holds across threads, workers and hosts.
-Readers never take it. A lock or connection failure surfaces as StorageBusy, a 503.
+Writers of one site write in parallel with other sites' writers; every other writer is
+serialized as SQLite serializes them. `BEGIN IMMEDIATE` takes one transaction-scoped
+advisory lock exclusively; a site write (`transaction(sites=...)`: the flush, a payment)
+takes it shared, plus a lock per site it writes, in site order. What the site writers
+share needs no lock of theirs: session ids come from the sessions' sequence
+(storage/sessions.py), monthly usage is added by an atomic upsert, and sessions, first
+touches, customers and payments belong to one site. Readers never take a lock. A lock or
+connection failure surfaces as StorageBusy, a 503.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from importlib.resources import files
@@ -40,10 +44,12 @@ from storage.db import (
     READ_BUDGET_CHECK_STEPS,
     Budget,
     ReadBudgetExceeded,
+    ReplicaLost,
     StorageBusy,
     StorageError,
     schema,
 )
+from storage.replica import MAX_LAG, PRIMARY_POSITION, Replica
 from storage.statements import Statement, UnsupportedSQL, _ListText, translate
 
 SCHEMA_PATH = files(__package__) / "schema_postgres.sql"
@@ -56,7 +62,15 @@ POOL_SIZE = 8
 # never wait for each other.
 WRITE_LOCK_KEY = 0x7A11_0001
 SCHEMA_LOCK_KEY = 0x7A11_0002
+SITE_LOCK_KEY = 0x7A11_0003
 _LOCK = "SELECT pg_advisory_xact_lock(%s::integer, hashtext(coalesce(current_schema(), '')))"
+_SHARED_LOCK = ("SELECT pg_advisory_xact_lock_shared(%s::integer,"
+                " hashtext(coalesce(current_schema(), '')))")
+# One lock per site, taken in the order of the list (sorted: two writers never wait for
+# each other in a cycle). Two (schema, site) pairs that share a key only wait needlessly.
+_SITE_LOCKS = ("SELECT pg_advisory_xact_lock(%s::integer,"
+               " hashtext(coalesce(current_schema(), '')) # s::integer)"
+               " FROM unnest(%s::bigint[]) WITH ORDINALITY AS u (s, n) ORDER BY n")
 # Applying the schema waits longer than a request would for the write lock: another host
 # starting at the same time holds it for as long as the script runs.
 SCHEMA_LOCK_TIMEOUT_MS = 60_000
@@ -216,9 +230,11 @@ class PostgresConnection:
 
     dialect = "postgres"
 
-    def __init__(self, raw: psycopg.Connection, lock_timeout_ms: int):
+    def __init__(self, raw: psycopg.Connection, lock_timeout_ms: int, *, replica: bool = False):
         self.raw = raw
         self.lock_timeout_ms = lock_timeout_ms
+        self.lock_wait_ms = lock_timeout_ms  # lock_timeout as last set
+        self.replica = replica  # a connection to the read replica (storage/replica.py)
         self.budget: Budget | None = None  # a read budget's deadline (PostgresDatabase.read_budget)
         self._statement_timeout_ms = 0  # what this connection's statement_timeout was set to
 
@@ -329,8 +345,16 @@ class PostgresConnection:
             cursor.execute(_LOCK, (WRITE_LOCK_KEY,))
         return PostgresCursor(cursor)
 
+    def begin_sites(self, sites: Collection[int]) -> None:
+        """BEGIN a transaction that writes only these sites' rows (module doc)."""
+        cursor = self.raw.cursor()
+        cursor.execute("BEGIN")
+        cursor.execute(_SHARED_LOCK, (WRITE_LOCK_KEY,))
+        cursor.execute(_SITE_LOCKS, (SITE_LOCK_KEY, sorted(int(site) for site in sites)))
+
     def set_lock_timeout(self, ms: int) -> None:
         self.raw.execute(f"SET lock_timeout = {int(ms)}")  # sql-safe: an int
+        self.lock_wait_ms = int(ms)
 
     def commit(self) -> None:
         self.raw.execute("COMMIT")
@@ -393,16 +417,25 @@ class PostgresDatabase:
     that it keeps until `release()` (app.py releases after every request), so a host opens
     at most workers x pool_size of them however many threads gunicorn runs. `connect()`
     makes a connection of the caller's own, outside the pool (the flush thread's).
+
+    With a `read_url`, reads inside `replica_reads()` are lent connections to that replica
+    while it is usable (storage/replica.py); a transaction they open runs on the primary.
     """
 
     dialect = "postgres"
     DatabaseError = psycopg.DatabaseError
 
     def __init__(self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
-                 pool_size: int = POOL_SIZE):
+                 pool_size: int = POOL_SIZE, read_url: str | None = None,
+                 replica_max_lag: float = MAX_LAG):
         self.url = url
         self.busy_timeout_ms = int(busy_timeout_ms)
         self.pool_size = int(pool_size)
+        lock_timeout_ms = self.busy_timeout_ms
+        self.replica = None if not read_url else Replica(
+            read_url, replica_max_lag, pool_size=self.pool_size,
+            connection_options=_connection_options(read_url, lock_timeout_ms),
+            configure=lambda raw: _configure(raw, lock_timeout_ms))
         self._pool: ConnectionPool | None = None
         self._pool_pid: int | None = None
         self._pool_lock = threading.Lock()
@@ -437,17 +470,19 @@ class PostgresDatabase:
             if not current.closed:
                 return current
             self.release()
-        pool = self._connection_pool()
-        try:
-            raw = pool.getconn()
-        except PoolTimeout as exc:
-            raise StorageBusy(f"no database connection free within {pool.timeout:g} s") from exc
-        except psycopg.Error as exc:
-            raise storage_error(exc) from exc
-        local.conn = PostgresConnection(raw, self.busy_timeout_ms)
+        raw = None
+        if getattr(local, "replica_reads", False):
+            raw = self.replica.getconn()
+            if raw is None:  # the replica did not answer: this read goes to the primary
+                local.replica_reads = False
+            else:
+                local.conn = PostgresConnection(raw, self.busy_timeout_ms, replica=True)
+        if raw is None:
+            local.conn = PostgresConnection(self._borrow(), self.busy_timeout_ms)
         local.pid = os.getpid()
         try:
-            self._ensure_schema(local.conn)
+            if not local.conn.replica:
+                self._ensure_schema(local.conn)
             budget = getattr(local, "budget", None)
             if budget is not None:  # a connection replaced within a read budget keeps it
                 local.conn.start_budget(budget)
@@ -455,6 +490,59 @@ class PostgresDatabase:
             self.release()
             raise
         return local.conn
+
+    def _borrow(self) -> psycopg.Connection:
+        pool = self._connection_pool()
+        try:
+            return pool.getconn()
+        except PoolTimeout as exc:
+            raise StorageBusy(f"no database connection free within {pool.timeout:g} s") from exc
+        except psycopg.Error as exc:
+            raise storage_error(exc) from exc
+
+    @contextmanager
+    def replica_reads(self):
+        """Inside, this thread's reads use the replica while it is usable: conn() lends a
+        connection to it, and a transaction opened on that connection (storing final days)
+        runs on the primary. Raises ReplicaLost when the replica failed during the block
+        (its connection broke, or the replica canceled a statement that conflicted with
+        its recovery): the caller reads again from the primary."""
+        local = self._local
+        if (self.replica is None or getattr(local, "replica_reads", False)
+                or self._schema_pid != os.getpid()
+                or not self.replica.usable(self._primary_position)):
+            yield
+            return
+        self.release()
+        local.replica_reads, local.pid = True, os.getpid()
+        try:
+            yield
+        except BaseException as exc:
+            current = getattr(local, "conn", None)
+            if current is not None and current.replica and (
+                    current.closed or _replica_conflict(exc)):
+                if current.closed:
+                    self.replica.lost(exc)
+                raise ReplicaLost(one_line(exc)) from exc
+            raise
+        finally:
+            local.replica_reads = False
+            self.release()
+
+    def _primary_position(self) -> int:
+        with self._connection_pool().connection() as raw:
+            return int(raw.execute(PRIMARY_POSITION).fetchone()[0])
+
+    def _writer(self, reader: PostgresConnection) -> PostgresConnection:
+        """A primary connection for a transaction a read on the replica opens, waiting for
+        locks as long as the reader was told to."""
+        local = self._local
+        writer = getattr(local, "writer", None)
+        if writer is None or writer.closed:
+            writer = local.writer = PostgresConnection(self._borrow(), self.busy_timeout_ms)
+        if writer.lock_wait_ms != reader.lock_wait_ms:
+            writer.set_lock_timeout(reader.lock_wait_ms)
+        return writer
 
     def checkpoint(self, conn: PostgresConnection) -> None:
         """Nothing to do: the server recycles its own write-ahead log (storage.db's does the
@@ -487,20 +575,32 @@ class PostgresDatabase:
                 current.end_budget()
 
     def release(self) -> None:
-        """Give this thread's connection back to the pool (a no-op when it has none)."""
+        """Give this thread's connections back to their pools (a no-op when it has none)."""
         local = self._local
         current = getattr(local, "conn", None)
-        local.conn = None
-        if current is None or getattr(local, "pid", None) != os.getpid():
+        writer = getattr(local, "writer", None)
+        local.conn = local.writer = None
+        if getattr(local, "pid", None) != os.getpid():
             return
-        if current.budget is not None:
+        if current is not None and current.budget is not None:
             current.end_budget()
-        _abandon(current)
-        pool = self._pool
-        if pool is not None and self._pool_pid == os.getpid():
-            pool.putconn(current.raw)
-        else:
-            current.close()
+        for lent in (current, writer):
+            if lent is None:
+                continue
+            _abandon(lent)
+            if lent.replica:
+                self.replica.putconn(lent.raw)
+                continue
+            if lent.lock_wait_ms != self.busy_timeout_ms and not lent.closed:
+                try:
+                    lent.set_lock_timeout(self.busy_timeout_ms)
+                except psycopg.Error:
+                    lent.close()
+            pool = self._pool
+            if pool is not None and self._pool_pid == os.getpid():
+                pool.putconn(lent.raw)
+            else:
+                lent.close()
 
     def _connection_pool(self) -> ConnectionPool:
         with self._pool_lock:
@@ -547,8 +647,10 @@ class PostgresDatabase:
             raise storage_error(exc) from exc
 
     def close(self) -> None:
-        """Release this thread's connection and close the process's pool."""
+        """Release this thread's connection and close the process's pools."""
         self.release()
+        if self.replica is not None:
+            self.replica.close()
         with self._pool_lock:
             if self._pool is not None and self._pool_pid == os.getpid():
                 self._pool.close()
@@ -556,10 +658,19 @@ class PostgresDatabase:
         self._local = threading.local()
 
     @contextmanager
-    def transaction(self, conn: PostgresConnection | None = None):
+    def transaction(self, conn: PostgresConnection | None = None, *,
+                    sites: Collection[int] | None = None):
+        """BEGIN ... COMMIT holding the write lock; with `sites`, only those sites' locks
+        and the write lock shared: for a transaction that writes only rows of those sites
+        (and monthly usage, by upsert), which then never waits for other sites'."""
         conn = conn or self.conn()
+        if conn.replica:
+            conn = self._writer(conn)
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            if sites is None:
+                conn.execute("BEGIN IMMEDIATE")
+            else:
+                conn.begin_sites(sites)
         except psycopg.Error as exc:
             _abandon(conn)
             raise storage_error(exc) from exc
@@ -612,6 +723,16 @@ class PostgresDatabase:
                 return
             apply_schema(conn)
             self._schema_pid = os.getpid()
+
+
+def _replica_conflict(exc: BaseException) -> bool:
+    """Whether the replica canceled a statement because its recovery needed what the
+    statement read (SQLSTATE 40001 on a standby): the read may run on the primary."""
+    while exc is not None:
+        if getattr(exc, "sqlstate", None) == "40001":
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _abandon(conn: PostgresConnection, finish: str = "ROLLBACK") -> None:

@@ -13,6 +13,9 @@ run at the worker's).
 The budget counts from when the read was asked for, so a read that waited for a free
 thread has less left; one that waited past its whole budget is not started and is
 answered ReadsBusy (503, retry) rather than "too expensive", which it may not be.
+
+On PostgreSQL with a read replica (TALLY_DATABASE_READ_URL), reads run on the replica
+while it is usable, and again on the primary when it fails them (storage/replica.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from storage.db import READ_BUDGET_CHECK_STEPS, StorageBusy
+from storage.db import READ_BUDGET_CHECK_STEPS, ReplicaLost, StorageBusy
 
 log = logging.getLogger("tally")
 T = TypeVar("T")
@@ -72,11 +75,19 @@ class ReadPool:
         if waited and self.seconds is not None and self.clock() - asked >= self.seconds:
             raise ReadsBusy(f"no read thread was free within the {self.seconds:g} s budget")
         try:
-            with self.db.read_budget(self.seconds, check_steps=self.check_steps,
-                                     clock=self.clock, since=asked):
-                return read()
+            try:
+                with self.db.replica_reads():
+                    return self._within_budget(read, asked)
+            except ReplicaLost:
+                # The replica failed: the primary answers, in what is left of the budget.
+                return self._within_budget(read, asked)
         finally:
             self.db.release()
+
+    def _within_budget(self, read: Callable[[], T], asked: float) -> T:
+        with self.db.read_budget(self.seconds, check_steps=self.check_steps,
+                                 clock=self.clock, since=asked):
+            return read()
 
     def _pool(self) -> ThreadPoolExecutor:
         with self._lock:

@@ -401,30 +401,32 @@ END $$;
 CREATE OR REPLACE TRIGGER first_touch_new_identity AFTER INSERT ON visitor_identities
     FOR EACH ROW EXECUTE FUNCTION tally_first_touch_new_identity();
 
--- A trigger's WHEN cannot hold a subquery here: SQLite's guard is the function's first
--- test instead. Most visitors are nobody's customer, and two index probes cost far less
--- than the INSERT ... UNION the flush would otherwise run for every new link.
-CREATE OR REPLACE FUNCTION tally_first_touch_new_session_visitor() RETURNS trigger
+-- Set-based: once per statement over the links it inserted (a transition table), so the
+-- flush's one multi-row INSERT of a batch's links (storage/sessions.py) looks customers up
+-- with one join instead of a trigger call per link. Most visitors are nobody's customer:
+-- the join then finds nothing and nothing is refreshed (SQLite's row trigger has the same
+-- guard in its WHEN).
+CREATE OR REPLACE FUNCTION tally_first_touch_new_session_visitors() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM customers
-                    WHERE site_id = NEW.site_id AND visitor_id = NEW.visitor_id::text)
-       AND NOT EXISTS (SELECT 1 FROM visitor_identities
-                        WHERE site_id = NEW.site_id AND visitor_id = NEW.visitor_id) THEN
-        RETURN NULL;
-    END IF;
     INSERT INTO first_touch_refresh (site_id, customer_id)
-    SELECT site_id, customer_id FROM customers
-     WHERE site_id = NEW.site_id AND visitor_id = NEW.visitor_id::text
+    SELECT c.site_id, c.customer_id
+      FROM (SELECT DISTINCT site_id, visitor_id FROM new_links) n
+      JOIN customers c ON c.site_id = n.site_id AND c.visitor_id = n.visitor_id::text
     UNION
     SELECT c.site_id, c.customer_id
-      FROM visitor_identities vi CROSS JOIN customers c
-     WHERE vi.site_id = NEW.site_id AND vi.visitor_id = NEW.visitor_id
-       AND c.site_id = vi.site_id AND c.user_id = vi.uid;
+      FROM (SELECT DISTINCT site_id, visitor_id FROM new_links) n
+      JOIN visitor_identities vi ON vi.site_id = n.site_id AND vi.visitor_id = n.visitor_id
+      JOIN customers c ON c.site_id = vi.site_id AND c.user_id = vi.uid;
     RETURN NULL;
 END $$;
-CREATE OR REPLACE TRIGGER first_touch_new_session_visitor AFTER INSERT ON session_visitors
-    FOR EACH ROW EXECUTE FUNCTION tally_first_touch_new_session_visitor();
+-- SQLite's trigger of the same name fires per row; a row trigger of a database before
+-- version 21 is replaced.
+DROP TRIGGER IF EXISTS first_touch_new_session_visitor ON session_visitors;
+DROP FUNCTION IF EXISTS tally_first_touch_new_session_visitor();
+CREATE TRIGGER first_touch_new_session_visitor AFTER INSERT ON session_visitors
+    REFERENCING NEW TABLE AS new_links
+    FOR EACH STATEMENT EXECUTE FUNCTION tally_first_touch_new_session_visitors();
 
 CREATE OR REPLACE FUNCTION tally_first_touch_earlier_session() RETURNS trigger
     LANGUAGE plpgsql AS $$

@@ -15,7 +15,7 @@ import orjson
 
 from storage.dialect import dialect
 from storage.sparse import SparseInsert
-from storage.statements import by_dialect, statement
+from storage.statements import by_dialect, native, statement
 from vocabulary import UTM_KEYS
 
 _ALIAS = re.compile(r"[a-z][a-z0-9_]*")
@@ -155,9 +155,30 @@ def sessions_of_visitors(conn: sqlite3.Connection, site_id: int, visitor_ids: li
     return conn.execute(_LOAD_SESSIONS, (orjson.dumps(visitor_ids), site_id, first, last))
 
 
+# On PostgreSQL flushes of different sites run at once (storage/postgres.py), so a new
+# session's id comes from the sessions' id sequence, taken when the batch's new sessions
+# are written (final_session_ids). Until then they carry provisional ids from
+# PROVISIONAL_SESSION_ID on, above any stored id and in the order they were opened, as the
+# final ones are: a flush that finds two candidate sessions picks the same one either way.
+PROVISIONAL_SESSION_ID = 1 << 62
+_NEW_SESSION_IDS = native("postgres", "SELECT nextval(pg_get_serial_sequence('sessions', 'id'))"
+                                      " FROM generate_series(1, ?) ORDER BY 1")
+
+
 def next_session_id(conn: sqlite3.Connection) -> int:
-    """The id SQLite gives the next session (the caller holds the write lock)."""
+    """The id the batch's first new session gets: on SQLite the one SQLite would give (the
+    caller holds the write lock), on PostgreSQL PROVISIONAL_SESSION_ID."""
+    if dialect(conn) == "postgres":
+        return PROVISIONAL_SESSION_ID
     return (conn.execute(_NEXT_SESSION_ID).fetchone()[0] or 0) + 1
+
+
+def final_session_ids(conn: sqlite3.Connection, count: int) -> list[int] | None:
+    """The ids of `count` new sessions opened with provisional ids, ascending; None when
+    the ids next_session_id gave are final (SQLite)."""
+    if dialect(conn) != "postgres":
+        return None
+    return [row[0] for row in conn.execute(_NEW_SESSION_IDS, (count,))] if count else []
 
 
 def insert_sessions(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
@@ -176,9 +197,23 @@ def add_session_counts(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> No
     conn.executemany(_UPDATE_COUNTS, rows)
 
 
+# PostgreSQL: every link of a batch in one statement, so the statement-level first-touch
+# trigger (schema_postgres.sql) runs once over all of them.
+_INSERT_SESSION_VISITORS = native(
+    "postgres", "INSERT INTO session_visitors (site_id, visitor_id, session_id)"
+                " SELECT * FROM unnest(?::bigint[], ?::bigint[], ?::bigint[])"
+                " ON CONFLICT DO NOTHING")
+
+
 def link_session_visitors(conn: sqlite3.Connection, links: Iterable[Sequence]) -> None:
     """(site id, visitor id, session id) each; the first-touch triggers follow them."""
-    conn.executemany(_INSERT_SESSION_VISITOR, links)
+    if dialect(conn) != "postgres":
+        conn.executemany(_INSERT_SESSION_VISITOR, links)
+        return
+    links = list(links)
+    if links:
+        conn.execute(_INSERT_SESSION_VISITORS,
+                     [list(column) for column in zip(*links, strict=True)])
 
 
 def link_identities(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:

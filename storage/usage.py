@@ -47,5 +47,8 @@ def add_usage(conn: sqlite3.Connection, usage: dict[tuple[int, str], int],
     each one's new (total, anonymous). The flush calls it in the transaction that stores
     those events, so the two always agree."""
     anonymous = anonymous or {}
-    return {key: tuple(conn.execute(ADD_USAGE, (*key, events, anonymous.get(key, 0))).fetchone())
-            for key, events in usage.items()}
+    # In key order: two PostgreSQL flushes adding to the same accounts lock their rows in
+    # the same order, so neither waits for the other in a cycle.
+    return {key: tuple(conn.execute(ADD_USAGE, (*key, usage[key],
+                                                anonymous.get(key, 0))).fetchone())
+            for key in sorted(usage)}
