@@ -86,11 +86,13 @@ fuzz: install
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider \
 		tests/test_properties.py tests/test_fuzz.py
 
-# Reports figures, never fails on them (bench/run.py). Needs wrk: apt-get install wrk.
+# Reports figures, never fails on them (bench/run.py). Needs wrk, installed through apt
+# like system-deps when missing.
 # PostgreSQL's figures need a server at TALLY_BENCH_DATABASE_URL (default the test server's
 # URL); without one they are recorded as skipped.
 WRK ?= wrk
 bench:
+	@command -v $(WRK) >/dev/null 2>&1 || bash scripts/system-deps.sh wrk
 	@command -v $(WRK) >/dev/null 2>&1 || { echo "make bench needs wrk: apt-get install wrk" >&2; exit 1; }
 	@$(MAKE) --no-print-directory install
 	$(BIN)/python -m bench.run --workers $(WORKERS) --wrk $(WRK) --readme
@@ -101,6 +103,7 @@ bench:
 # READS_BACKENDS=sqlite postgres for both.
 READS_BACKENDS ?= sqlite
 bench-reads:
+	@command -v $(WRK) >/dev/null 2>&1 || bash scripts/system-deps.sh wrk
 	@command -v $(WRK) >/dev/null 2>&1 || { echo "make bench-reads needs wrk: apt-get install wrk" >&2; exit 1; }
 	@$(MAKE) --no-print-directory install
 	$(BIN)/python -m bench.reads --backend $(READS_BACKENDS)

@@ -21,7 +21,7 @@ from enrichment.visitor import utc_day
 from ingest.flusher import Flusher
 from ingest.queue import Accepted
 from quota.usage import QuotaGuard, UtcMonths, counted_events, seconds_until_next_month
-from validation.event import MAX_BODY_BYTES, InvalidEvent, parse_events
+from validation.event import MAX_BATCH, MAX_BODY_BYTES, InvalidEvent, parse_events
 
 MAX_SITE_ID_LENGTH = 64
 ANONYMOUS_QUOTA_MESSAGE = ("monthly event quota for anonymous events exceeded; the rest is kept"
@@ -43,7 +43,9 @@ class EventsResource:
     @falcon.before(key_scope("events"))
     def on_post(self, req, resp):
         key = req.context.key
-        body = parse_json(read_limited(req, MAX_BODY_BYTES))
+        data = read_limited(req, MAX_BODY_BYTES)
+        self.refuse_when_full(data)
+        body = parse_json(data)
         now = self.clock()
         site_id, events = self.parse(body, now)
         site = self.find_site(site_id)
@@ -51,6 +53,20 @@ class EventsResource:
             raise forbidden("this API key belongs to another site")
         self.accept(site, events, body, now)
         resp.status = 204
+
+    def refuse_when_full(self, data: bytes) -> None:
+        """503 before any parsing when the queue has no room for the body's events. Every
+        event carries its own "u" key, so the body's count of `"u"` is at least its
+        events; under back pressure a batch is then refused for a few microseconds
+        instead of after its whole validation. A body the count overstates is at worst
+        refused a moment early, as it would be with the queue that much fuller."""
+        room = self.flusher.queue.room
+        if room >= MAX_BATCH:
+            return
+        events = min(MAX_BATCH, max(1, data.count(b'"u"')))
+        if room < events:
+            metrics.events_refused("rate_limited", events)
+            raise rate_limited()
 
     # The steps below are shared with POST /api/v1/collect (api/collect.py).
     @staticmethod

@@ -16,8 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import stripe
-
 import metrics
 from api.bodies import parse_json, read_limited
 from api.errors import ApiError, invalid_input, rate_limited
@@ -94,6 +92,10 @@ def _verify(payload: bytes, header: str | None, secret: str,
     machine's clock, as the library's own."""
     if not header:
         raise invalid_input("missing Stripe-Signature header")
+    # Imported on the first webhook: stripe and requests take ~6 MiB a worker, and most
+    # workers never receive one.
+    import stripe
+
     try:
         stripe.WebhookSignature.verify_header(payload, header, secret,
                                               tolerance=SIGNATURE_TOLERANCE_SECONDS)

@@ -133,6 +133,30 @@ def reset_peak_rss(pid: int) -> bool:
         return False
 
 
+# The name Tally's worker gives the OS threads that serve requests (serving/worker.py).
+REQUEST_THREAD_NAME = "tally-request"
+
+
+def request_threads_cpu_seconds(pid: int) -> float:
+    """CPU of the threads of a worker that take requests in: its main thread (a sync
+    worker's requests, or gthread's poller, which accepts connections) and the threads
+    named REQUEST_THREAD_NAME (gthread's pool). The flush thread and the payment writer
+    are the rest of the process."""
+    total = 0.0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if int(tid) == pid or name == REQUEST_THREAD_NAME:
+            total += cpu_seconds(pid, int(tid)) or 0.0
+    return total
+
+
 @dataclass
 class WorkerProbe:
     """CPU seconds and peak RSS of a set of worker processes over one scenario."""
@@ -148,20 +172,19 @@ class WorkerProbe:
 
     @staticmethod
     def _cpu(pid: int) -> tuple[float, float]:
-        """(whole process, main thread): a sync worker serves requests on its main thread;
-        the rest is its background threads (the flush thread)."""
-        return cpu_seconds(pid) or 0.0, cpu_seconds(pid, pid) or 0.0
+        """(whole process, the threads that take requests in)."""
+        return cpu_seconds(pid) or 0.0, request_threads_cpu_seconds(pid)
 
     def finish(self) -> dict:
-        total = main = 0.0
-        for pid, (total_before, main_before) in self.cpu_before.items():
+        total = requests = 0.0
+        for pid, (total_before, requests_before) in self.cpu_before.items():
             if cpu_seconds(pid) is None:
                 continue  # the worker is gone (restarted): its time is lost
-            total_after, main_after = self._cpu(pid)
+            total_after, requests_after = self._cpu(pid)
             total += total_after - total_before
-            main += main_after - main_before
+            requests += requests_after - requests_before
         rss = [peak_rss_mib(pid) for pid in self.pids]
-        return {"cpu_s": round(total, 3), "request_thread_cpu_s": round(main, 3),
+        return {"cpu_s": round(total, 3), "request_thread_cpu_s": round(requests, 3),
                 "peak_rss_mib": [r for r in rss if r is not None],
                 "peak_rss_since": "scenario start" if self.rss_reset else "worker start"}
 

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import datetime
 import os
+import runpy
 import sqlite3
 import subprocess
 import sys
@@ -497,7 +498,8 @@ def summarize(figures: dict, server: dict, events_per_request: int,
         result["events_accepted"] = events
         result["events_per_s"] = round(events / seconds)
         result["cpu_us_per_event"] = round(server["cpu_s"] * 1e6 / work_units, 1)
-        # The split: requests on each worker's main thread, the flush thread besides.
+        # The split: the threads that take requests in (bench.measure's
+        # request_threads_cpu_seconds), and the rest: the flush thread, the payment writer.
         result["request_cpu_us_per_event"] = round(
             server["request_thread_cpu_s"] * 1e6 / work_units, 1)
         result["flush_cpu_us_per_event"] = round(
@@ -762,6 +764,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "quick": args.quick, "batch_driver": "wrk + bench/lua/post.lua slot schedule"}
     backends = [b for b in args.backend if set(BACKEND_SCENARIOS[b]) & set(args.only)]
     settings["backends"] = backends
+    gunicorn_settings = runpy.run_path(str(REPO / "gunicorn.conf.py"))
+    settings["worker_class"] = (f"{gunicorn_settings['worker_class']}, "
+                                f"{gunicorn_settings['threads']} threads (Tally and the ceiling)")
     runs: dict[str, dict] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tally-bench-") as folder:

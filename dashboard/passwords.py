@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import functools
 
-from argon2 import PasswordHasher
-from argon2.exceptions import InvalidHashError, VerificationError
-
 MIN_LENGTH = 10
 MAX_LENGTH = 1024  # bounds the work one sign-in can ask for
 
-HASHER = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1,
-                        hash_len=32, salt_len=16)
+
+
+@functools.cache
+def hasher():
+    """The argon2id hasher, imported on the first sign-in (argon2-cffi loads a C library
+    a worker that only ingests does not need)."""
+    from argon2 import PasswordHasher
+
+    return PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1,
+                          hash_len=32, salt_len=16)
 
 
 class WeakPassword(ValueError):
@@ -34,25 +39,27 @@ def check_strength(password: str) -> None:
 
 def hash_password(password: str) -> str:
     check_strength(password)
-    return HASHER.hash(password)
+    return hasher().hash(password)
 
 
 def verify(password_hash: str, password: str) -> bool:
     if len(password) > MAX_LENGTH:
         return False
+    from argon2.exceptions import InvalidHashError, VerificationError
+
     try:
-        return HASHER.verify(password_hash, password)
+        return hasher().verify(password_hash, password)
     except (VerificationError, InvalidHashError):
         return False
 
 
 def needs_rehash(password_hash: str) -> bool:
-    return HASHER.check_needs_rehash(password_hash)
+    return hasher().check_needs_rehash(password_hash)
 
 
 @functools.cache
 def _decoy_hash() -> str:
-    return HASHER.hash("decoy password for unknown emails")
+    return hasher().hash("decoy password for unknown emails")
 
 
 def spend_like_verify(password: str) -> None:

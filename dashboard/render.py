@@ -8,8 +8,6 @@ import mimetypes
 from decimal import Decimal
 from importlib import resources
 
-from jinja2 import Environment, PackageLoader, select_autoescape
-
 from reports.money.amounts import round_money
 
 STATIC_FILES = (
@@ -91,7 +89,10 @@ def raw(value) -> str:
 
 
 @functools.cache
-def environment() -> Environment:
+def environment():
+    # Imported on the first page: jinja2 is not needed by a worker that only ingests.
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
     env = Environment(loader=PackageLoader("dashboard", "templates"),
                       autoescape=select_autoescape(["html"]), trim_blocks=True,
                       lstrip_blocks=True)

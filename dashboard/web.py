@@ -318,7 +318,7 @@ class Dashboard:
         self.users.clear_failures(email, address)
         self.users.remember_address(user.id, address, now_ms - KNOWN_ADDRESS_DAYS * 86_400_000)
         if passwords.needs_rehash(user.password_hash):
-            self.users.replace_hash(user.id, user.password_hash, passwords.HASHER.hash(password))
+            self.users.replace_hash(user.id, user.password_hash, passwords.hasher().hash(password))
         self._start_session(resp, user.id)
         _redirect(resp, _local_path(next_path))
 

@@ -1,5 +1,9 @@
 """User agents: the bot verdict (crawlerdetect's lists) and browser, OS and device (ua-parser).
 
+ua-parser answers browser and OS; the device is only ever tablet, mobile or desktop, told
+from the agent's own tokens and the OS, so its table of 633 device expressions (14 MiB a
+worker once compiled) is never loaded.
+
 Both are cached per user-agent string: a server sees few distinct agents, and a miss
 costs hundreds of microseconds. The caches are bounded; when one is full it starts over.
 
@@ -14,10 +18,9 @@ from __future__ import annotations
 import functools
 import re
 
-import ua_parser
 from crawlerdetect.providers.crawlers import data as CRAWLER_PATTERNS
 from crawlerdetect.providers.exclusions import data as EXCLUSION_PATTERNS
-from ua_parser import Domain
+from ua_parser import Domain, Parser
 
 from enrichment.memo import Memo
 
@@ -77,18 +80,33 @@ class AgentParser:
         return self._parsed[ua[:UA_ANALYSED_CHARS]]
 
 
+@functools.cache
+def _browser_and_os() -> Parser:
+    """ua-parser with its browser and OS expressions only (built on first use)."""
+    from ua_parser.loaders import load_builtins
+    from ua_parser.regex import Resolver
+
+    browsers, systems, _devices = load_builtins()
+    return Parser(Resolver((browsers, systems, [])))
+
+
+_BROWSER_AND_OS = Domain.USER_AGENT | Domain.OS
+# The tablets ua-parser's device table names from tokens other than "iPad" and "Tablet":
+# Puffin's tablet builds (iOS "IT", Android "AT").
+_PUFFIN_TABLET = re.compile(r"Puffin/[\d.]+[AI]T")
+
+
 def describe_agent(ua: str) -> tuple[str | None, str | None, str]:
-    result = ua_parser.parser(ua, Domain.ALL)
+    result = _browser_and_os()(ua, _BROWSER_AND_OS)
     browser = result.user_agent.family if result.user_agent else None
     os_family = result.os.family if result.os else None
-    device = result.device.family if result.device else ""
-    return _known(browser), _known(os_family), device_type(ua, os_family, device)
+    return _known(browser), _known(os_family), device_type(ua, os_family)
 
 
-def device_type(ua: str, os_family: str | None, device_family: str) -> str:
-    """Tablet, mobile or desktop: ua-parser's device and OS, plus the `Mobi` token rule
-    browsers follow (an Android agent without "Mobile" is a tablet)."""
-    if device_family == "iPad" or "Tablet" in device_family or "Tablet" in ua or "iPad" in ua:
+def device_type(ua: str, os_family: str | None) -> str:
+    """Tablet, mobile or desktop: the agent's tablet tokens and its OS, plus the `Mobi`
+    token rule browsers follow (an Android agent without "Mobile" is a tablet)."""
+    if "Tablet" in ua or "iPad" in ua or ("Puffin/" in ua and _PUFFIN_TABLET.search(ua)):
         return TABLET
     if "Mobi" in ua or os_family in _MOBILE_OS:
         return MOBILE

@@ -98,6 +98,11 @@ class EventQueue:
         return self._closed
 
     @property
+    def room(self) -> int:
+        """Events an offer could still add (0 once closed)."""
+        return 0 if self._closed else self.max_events - self._held
+
+    @property
     def held(self) -> int:
         return self._held
 

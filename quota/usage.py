@@ -65,10 +65,6 @@ class UtcMonths:
         return month[0]
 
 
-# How long a request waits for its worker's flush to commit before reading the shared count.
-COMMIT_WAIT = 0.25
-
-
 class QuotaGuard:
     """An account's events this month as this worker sees them, and the anonymous ones."""
 
@@ -80,7 +76,6 @@ class QuotaGuard:
         self.keyed_reserve_percent = keyed_reserve_percent
         self._max = max_entries
         self._lock = threading.Lock()
-        self._commit_ended = threading.Condition(self._lock)
         # key -> (expires at, count, anonymous count)
         self._shared: dict[UsageKey, tuple[float, int, int]] = {}
         self._unstored: dict[UsageKey, int] = {}
@@ -112,17 +107,19 @@ class QuotaGuard:
         now = self.clock()
         with self._lock:
             entry = self._shared.get(key)
-            if entry is not None and entry[0] > now:
+            if entry is not None and (entry[0] > now or self._committing):
+                # While this worker's own flush commits, the count it read before stays
+                # right with what it holds (the events being stored are still held), and
+                # a read now could count them twice: the request never waits for the
+                # commit, it uses that count until end_commit() brings the new one.
                 return self._with_unstored(key, entry)
-            # A read during this worker's own commit could not be kept, and would leave a
-            # stale count in use: wait (briefly) for the commit to end, then read.
-            self._commit_ended.wait_for(lambda: not self._committing, COMMIT_WAIT)
             epoch, committing = self._epoch, self._committing
         count, anonymous = read_usage(self.db.conn(), *key)
         with self._lock:
             clean = not committing and self._epoch == epoch
             if clean or entry is None:
-                # A first read that raced a commit is used once and read again next time.
+                # A first read that raced a commit may count events twice (never fewer):
+                # it is used once and read again next time.
                 if len(self._shared) >= self._max:
                     self._shared.clear()
                 self._shared[key] = (now + self.ttl if clean else now, count, anonymous)
@@ -172,7 +169,6 @@ class QuotaGuard:
                 self._shared[key] = (now + self.ttl, total, anonymous_totals.get(key, 0))
             self._committing = False
             self._epoch += 1
-            self._commit_ended.notify_all()
 
 
 def _forget(counts: dict[UsageKey, int], key: UsageKey, events: int) -> None:

@@ -10,12 +10,32 @@ short is 400 `invalid_input`, api/bodies.py).
 
 from __future__ import annotations
 
+import threading
+from concurrent import futures
+
 from gunicorn.workers.gthread import ThreadWorker
 
 READ_TIMEOUT = 10.0
+# The OS name of the threads that serve requests (top -H, /proc/PID/task/TID/comm): the
+# bench tells their CPU from the flush thread's by it (bench/measure.py).
+REQUEST_THREAD_NAME = "tally-request"
+
+
+def name_os_thread(name: str) -> None:
+    """Give the calling thread `name` (at most 15 bytes) in the OS's thread listings."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as comm:
+            comm.write(name[:15])
+    except OSError:
+        pass  # not Linux, or /proc not mounted: names are only for people and the bench
 
 
 class TallyThreadWorker(ThreadWorker):
+    def get_thread_pool(self):
+        return futures.ThreadPoolExecutor(max_workers=self.cfg.threads,
+                                          initializer=name_os_thread,
+                                          initargs=(REQUEST_THREAD_NAME,))
+
     def enqueue_req(self, conn):
         conn.init()
         conn.sock.settimeout(READ_TIMEOUT)

@@ -217,3 +217,35 @@ def test_memo_is_bounded_in_entries_and_key_length():
     long_key = "x" * 11
     assert memo[long_key] == 11 and memo[long_key] == 11
     assert long_key not in memo and calls.count(long_key) == 2
+
+
+def _with_device_table(ua: str) -> str:
+    """The device type as ua-parser's full device table decided it before it was left out."""
+    import ua_parser
+    from ua_parser import Domain
+
+    result = ua_parser.parser(ua, Domain.ALL)
+    family = result.device.family if result.device else ""
+    os_family = result.os.family if result.os else None
+    if family == "iPad" or "Tablet" in family or "Tablet" in ua or "iPad" in ua:
+        return "tablet"
+    if "Mobi" in ua or os_family in ("iOS", "Windows Phone", "BlackBerry OS", "KaiOS", "Firefox OS"):
+        return "mobile"
+    return "tablet" if os_family == "Android" else "desktop"
+
+
+@pytest.mark.parametrize("model", ["SM-T230", "MediaPad T5", "Lenovo TB-X606F", "MyPad 7",
+                                   "KFTRWI", "Xoom", "Pixel 7", "Transformer Pad TF300T"])
+@pytest.mark.parametrize("version", ["3.2", "13"])
+@pytest.mark.parametrize("mobile", ["Mobile ", ""])
+def test_the_device_type_is_what_the_device_table_said(model, version, mobile):
+    ua = (f"Mozilla/5.0 (Linux; Android {version}; {model} Build/XYZ) AppleWebKit/537.36"
+          f" (KHTML, like Gecko) Chrome/120 {mobile}Safari/537.36")
+    assert describe_agent(ua)[2] == _with_device_table(ua)
+
+
+@pytest.mark.parametrize("build", ["AT", "IT", "AP", "IP"])
+def test_puffin_tablets_are_tablets_as_the_device_table_said(build):
+    ua = ("Mozilla/5.0 (X11; U; Linux x86_64; en-US) AppleWebKit/537.36 (KHTML, like Gecko)"
+          f" Chrome/120 Safari/537.36 Puffin/9.0.0.50263{build}")
+    assert describe_agent(ua)[2] == _with_device_table(ua)

@@ -339,6 +339,44 @@ def test_queue_full_is_503_and_takes_nothing_of_the_request(small_queue, db_path
     assert post(client, key, batch_of(site_id, 50, "again")).status_int == 204
 
 
+def test_a_batch_the_queue_cannot_take_is_refused_before_it_is_parsed(small_queue, db_path):
+    import webtest
+
+    client = webtest.TestApp(small_queue)
+    directory = small_queue.directory
+    account = directory.create_account("P", "scale")
+    site_id = directory.create_site(account["id"], ["example.com"])["id"]
+    key = directory.create_key(site_id, ["events"])["key"]
+    blocker = WriteLock(db_path)
+    try:
+        assert post(client, key, batch_of(site_id, 50, "first")).status_int == 204
+        # Room for 10 events: a body of 11 events is refused whole, and so early that
+        # its broken last event is never read (room, not validity, answers).
+        broken = orjson.dumps(batch_of(site_id, 11, "refused"))[:-3] + b"]}"
+        resp = post(client, key, None, raw=broken)
+        assert_envelope(resp, 503, "rate_limited")
+        assert resp.headers["Retry-After"] == "2"
+        # With room, the same kind of body is parsed and answered for what it is.
+        shorter = orjson.dumps(batch_of(site_id, 9, "x"))[:-3] + b"]}"
+        assert_envelope(post(client, key, None, raw=shorter), 400, "invalid_input")
+        assert post(client, key, batch_of(site_id, 10, "last")).status_int == 204
+        assert_envelope(post(client, key, None, raw=b'{"u"'), 503, "rate_limited")
+    finally:
+        blocker.release()
+    assert small_queue.flusher.flush_now(timeout=WAIT)
+    names = stored_names(db_path)
+    assert names.count("first") == 50 and names.count("last") == 10 and len(names) == 60
+    small_queue.stop(timeout=5)
+    restarted = create_app(config_for(db_path, queue_max=60))  # a restart on the data written
+    try:
+        client = webtest.TestApp(restarted)
+        assert post(client, key, batch_of(site_id, 50, "after")).status_int == 204
+        assert restarted.flusher.flush_now(timeout=WAIT)
+        assert len(stored_names(db_path)) == 110
+    finally:
+        restarted.stop(timeout=5)
+
+
 def test_nothing_is_lost_while_the_database_is_locked(small_queue, db_path):
     import webtest
 

@@ -24,6 +24,7 @@ from tests.conftest import (
     config_for,
     counting_bytes,
     http,
+    is_postgres,
     rows,
 )
 from validation.event import parse_events
@@ -122,6 +123,49 @@ def test_write_runs_in_one_transaction_and_failures_keep_the_batch(store, db_pat
     assert count(db_path, "SELECT events FROM monthly_usage") == 25
     assert guard.used((1, "2026-09")) == 25  # moved from "held" to "stored", not both
     flusher.stop(timeout=5)
+
+
+def test_the_quota_check_never_waits_for_a_commit(store, db_path, monkeypatch):
+    """While this worker's flush commits, the check answers from the count it read
+    before plus what the worker holds, without reading or waiting for the commit."""
+    clock = FakeClock(NOW_MS / 1000)
+    guard = QuotaGuard(store, clock, ttl=1.0)
+    key = (1, "2026-09")
+    flusher = make_flusher(store, quota=guard)
+    guard.hold(key, 30)
+    assert flusher.submit(unit(30))
+    assert flusher.flush_now(timeout=WAIT)
+    assert guard.usage(key) == (30, 0)
+    guard.hold(key, 7)
+    clock.advance(5)  # the count read is out of date
+    guard.begin_commit()  # the flush of the 7 held events is committing
+
+    def no_read():
+        raise AssertionError("the quota check read the database during a commit")
+
+    monkeypatch.setattr(store, "conn", no_read)
+    answers = []
+    checker = threading.Thread(target=lambda: answers.append(guard.usage(key)))
+    checker.start()
+    checker.join(WAIT)
+    assert answers == [(37, 0)]  # answered while the commit is still open
+    guard.end_commit(stored={key: 7}, totals={key: 37})
+    assert guard.usage(key) == (37, 0)
+    monkeypatch.undo()
+    flusher.stop(timeout=5)
+    # A new worker on the same data reads the stored count (the 7 were only held here).
+    assert QuotaGuard(store, FakeClock(NOW_MS / 1000)).used(key) == 30
+
+
+def test_a_first_quota_read_during_a_commit_is_used_once(store):
+    clock = FakeClock(NOW_MS / 1000)
+    guard = QuotaGuard(store, clock)
+    key = (1, "2026-09")
+    guard.begin_commit()
+    assert guard.used(key) == 0
+    assert guard._shared[key][0] <= clock()  # read again on the next check
+    guard.end_commit(totals={key: 4})
+    assert guard.used(key) == 4
 
 
 def test_a_full_disk_stores_a_batch_in_the_largest_parts_that_fit(store, db_path, caplog):
@@ -232,3 +276,26 @@ def test_sigterm_drains_every_acknowledged_event(db_path, server_factory):
     assert count(db_path, "SELECT events FROM monthly_usage") == 1520
     assert count(db_path, "SELECT count(DISTINCT name) FROM events") == 31
     assert "could not be stored" not in server.log()
+
+
+def test_a_flush_writes_at_most_a_quarter_of_the_queue_a_transaction(store, db_path):
+    transactions = []
+
+    def counting_write(conn, batch):
+        transactions.append(len(batch.rows))
+        write_batch(conn, batch)
+
+    guard = QuotaGuard(store, FakeClock(NOW_MS / 1000))
+    flusher = make_flusher(store, write=counting_write, quota=guard, queue_max=200)
+    for _ in range(7):
+        guard.hold((1, "2026-09"), 25)
+        assert flusher.submit(unit(25))
+    assert flusher.flush_now(timeout=WAIT)
+    if is_postgres(db_path):
+        assert transactions == [175]  # PostgreSQL: everything taken in one transaction
+    else:
+        assert transactions == [50, 50, 50, 25]  # whole units, in order, at most 200 / 4 each
+    assert count(db_path) == 175
+    assert guard.used((1, "2026-09")) == 175
+    flusher.stop(timeout=5)
+    assert QuotaGuard(store, FakeClock(NOW_MS / 1000)).used((1, "2026-09")) == 175

@@ -206,3 +206,22 @@ def test_counters_after_known_traffic_add_up_over_two_workers(db_path, tmp_path)
     parsed = [orjson.loads(line) for line in lines]  # TALLY_LOG_FORMAT=json: every line
     assert {"time", "level", "logger", "message", "pid"} <= set(parsed[0])
     assert any(entry["logger"] == "gunicorn.error" for entry in parsed)
+
+
+def test_requests_are_counted_only_while_metrics_are_on(db_path):
+    from metrics import LOCAL
+
+    labels = {"route": "/healthz", "method": "GET", "status": "200"}
+
+    def counted() -> float:
+        return LOCAL.get_sample_value("tally_http_requests_total", labels) or 0.0
+
+    off = create_app(config_for(db_path))
+    before = counted()
+    assert webtest.TestApp(off).get("/healthz").status_int == 200
+    assert counted() == before  # nobody could read it: not counted
+    off.stop(timeout=5)
+    on = create_app(config_for(db_path, metrics_token=TOKEN))
+    assert webtest.TestApp(on).get("/healthz").status_int == 200
+    assert counted() == before + 1
+    on.stop(timeout=5)

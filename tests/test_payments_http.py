@@ -478,16 +478,17 @@ def fill_the_disk(tally, db_path) -> None:
     if is_postgres(db_path):
         fill_postgres_disk(db_path, ("subscriptions",))
         return
-    conn = tally.db.conn()
-    pages = conn.execute("PRAGMA page_count").fetchone()[0]
-    conn.execute(f"PRAGMA max_page_count = {int(pages)}")  # noqa: S608 - an int we just read
+    for conn in (tally.db.conn(), tally.payments.group.connection()):  # the payment writer's
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {int(pages)}")  # noqa: S608 - an int we just read
 
 
 def free_the_disk(tally, db_path) -> None:
     if is_postgres(db_path):
         free_postgres_disk(db_path, ("subscriptions",))
     else:
-        tally.db.conn().execute("PRAGMA max_page_count = 1073741823")
+        for conn in (tally.db.conn(), tally.payments.group.connection()):
+            conn.execute("PRAGMA max_page_count = 1073741823")
 
 
 def test_full_database_is_500_and_nothing_half_written(tally, client, site, db_path, caplog):
