@@ -50,7 +50,7 @@ from storage.db import (
     schema,
 )
 from storage.replica import MAX_LAG, PRIMARY_POSITION, Replica
-from storage.statements import Statement, UnsupportedSQL, _ListText, translate
+from storage.statements import Statement, UnsupportedSQL, _ListText, native, translate
 
 SCHEMA_PATH = files(__package__) / "schema_postgres.sql"
 
@@ -143,6 +143,13 @@ def _adapt(context) -> None:
     adapters.register_loader("varchar", _TextLoader)
     adapters.register_loader("bool", _BoolAsIntLoader)
     adapters.register_loader("numeric", _NumericLoader)
+
+
+_SIZE = native(
+    "postgres",
+    "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+    " WHERE c.relkind = 'r' AND c.relnamespace ="
+    " (SELECT oid FROM pg_namespace WHERE nspname = current_schema())")
 
 
 def _compiled(sql: str):
@@ -620,10 +627,7 @@ class PostgresDatabase:
 
     def size_bytes(self) -> tuple[int, int]:
         """(Tally's tables with their indexes and TOAST, 0): the WAL is the server's, shared."""
-        row = self.conn().execute(
-            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
-            " WHERE c.relkind = 'r' AND c.relnamespace ="
-            " (SELECT oid FROM pg_namespace WHERE nspname = current_schema())").fetchone()
+        row = self.conn().execute(_SIZE).fetchone()
         return int(row[0]), 0
 
     def exists(self) -> bool:
