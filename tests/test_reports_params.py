@@ -94,7 +94,8 @@ def test_limit(raw, expected):
 
 
 @pytest.mark.parametrize(
-    "by", ["channel", "source", "page", "entry_page", "country", "device", "browser", "os", "event"])
+    "by", ["channel", "source", "page", "entry_page", "country", "device", "browser", "os", "event",
+           "medium", "campaign", "term", "content"])
 def test_every_breakdown_dimension_is_accepted(by):
     assert parse_dimension({"by": by}) == by
 
@@ -105,7 +106,7 @@ def test_other_dimensions_are_refused(params):
     with pytest.raises(InvalidReportParameter) as err:
         parse_dimension(params)
     assert str(err.value) == ("by: must be one of channel, source, page, entry_page, country, "
-                              "device, browser, os, event")
+                              "device, browser, os, event, medium, campaign, term, content")
 
 
 def test_unknown_parameters_are_refused():
