@@ -647,7 +647,11 @@ class Dashboard:
 
     def _settings_post(self, req, resp, site_id):
         """(user, site, form) of a checked settings form, or None with the answer written."""
-        own = self._own_site(req, resp, site_id, manage=True)
+        return self._checked_form(req, resp, self._own_site(req, resp, site_id, manage=True))
+
+    def _checked_form(self, req, resp, own):
+        """(user, site or account, form) when `own` was found and the form's CSRF token is
+        the user's; None with the answer written otherwise."""
         if own is None:
             return None
         form = self._form(req)
@@ -861,14 +865,7 @@ class Dashboard:
                            title="People · " + account["name"]), status)
 
     def _account_post(self, req, resp, account_id):
-        own = self._own_account(req, resp, account_id)
-        if own is None:
-            return None
-        form = self._form(req)
-        if not self._csrf_ok(form, own[0].csrf_token):
-            self._refuse_csrf(resp, own[0])
-            return None
-        return own[0], own[1], form
+        return self._checked_form(req, resp, self._own_account(req, resp, account_id))
 
     def on_post_invite(self, req, resp, account_id):
         checked = self._account_post(req, resp, account_id)
