@@ -41,7 +41,7 @@ BINARY ?= dist/tally
 BINARY_VENV := build/binary-venv
 BINARY_PACKAGES := app cli config vocabulary storage api attribution tracker dashboard \
 	metrics serving quota enrichment ingest reports validation \
-	iso4217 pycountry iptocc crawlerdetect ua_parser ua_parser_builtins ua_parser_rs falcon \
+	iso4217 pycountry iptocc crawlerdetect re2 ua_parser ua_parser_builtins ua_parser_rs falcon \
 	gunicorn stripe jinja2 argon2 prometheus_client pythonjsonlogger psycopg psycopg_binary psycopg_pool
 dist-binary:
 	test -x $(BINARY_VENV)/bin/python || $(PYTHON) -m venv $(BINARY_VENV)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import orjson
 
-from storage.dialect import dialect
+from storage.dialect import dialect, integer_of_text
 from storage.sparse import SparseInsert
 from storage.statements import by_dialect, native, statement
 from vocabulary import UTM_KEYS
@@ -78,6 +78,20 @@ _FIRST_TOUCHES = (
 FIRST_TOUCHES = by_dialect(
     sqlite=_FIRST_TOUCHES.format(visitor_id="c.visitor_id"),
     postgres=_FIRST_TOUCHES.format(visitor_id="tally_text_as_integer(c.visitor_id)"))
+def linked_customers(name: str) -> str:
+    """A `linked (customer_id, visitor_id)` CTE, in dialect `name`: the customers of site
+    ?1 linked now to a visitor id (customer.visitor_id, or customer.user_id -> $identify ->
+    visitor), as first touch links them. The statements that use it declare it."""
+    return (
+        "linked (customer_id, visitor_id) AS ("  # noqa: S608 - a fixed fragment by dialect
+        f" SELECT customer_id, {integer_of_text(name, 'visitor_id')} FROM customers"
+        "  WHERE site_id = ?1 AND visitor_id IS NOT NULL"
+        " UNION"
+        " SELECT c.customer_id, vi.visitor_id FROM customers c"
+        "  JOIN visitor_identities vi ON vi.site_id = c.site_id AND vi.uid = c.user_id"
+        "  WHERE c.site_id = ?1)")
+
+
 _STORED_FIRST_TOUCHES = statement(
     "SELECT site_id, customer_id, session_id FROM customer_first_touch"
     " ORDER BY site_id, customer_id")

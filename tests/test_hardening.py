@@ -71,6 +71,14 @@ def test_the_linear_bot_filter_agrees_with_crawlerdetect(tokens, separator):
     assert agents_module.looks_automated(ua) == CrawlerDetect().is_crawler(ua)
 
 
+@budget(300)
+@given(st.text(st.characters(codec="utf-8"), max_size=40), st.sampled_from(_TOKENS))
+def test_the_bot_filter_agrees_with_crawlerdetect_on_any_text(text, token):
+    """RE2 folds case and reads text as UTF-8; re folds as Python does: same verdicts."""
+    for ua in (text, token + text, text + token, text.upper() + token.lower()):
+        assert agents_module.looks_automated(ua) == CrawlerDetect().is_crawler(ua)
+
+
 # Money stays exact -------------------------------------------------------------------
 
 

@@ -15,7 +15,8 @@ import orjson
 
 from reports.segments.queries import Segment
 from storage.connection import Connection
-from storage.dialect import dialect, integer_of_text
+from storage.dialect import dialect
+from storage.sessions import linked_customers
 from storage.statements import EMPTY, by_dialect, fragment, statement, template
 
 # A visit's events are read up to a day after the range: a visit started in the range may
@@ -43,13 +44,7 @@ _STEP_EVENTS = template(
 # The customers linked now to one of the visits' visitor ids (customer.visitor_id, or
 # customer.user_id -> $identify -> visitor), by visit.
 _VISIT_CUSTOMERS = by_dialect(**{name: (
-    "WITH linked (customer_id, visitor_id) AS ("  # noqa: S608 - fixed fragments by dialect
-    f" SELECT customer_id, {integer_of_text(name, 'visitor_id')} FROM customers"
-    "  WHERE site_id = ?1 AND visitor_id IS NOT NULL"
-    " UNION"
-    " SELECT c.customer_id, vi.visitor_id FROM customers c"
-    "  JOIN visitor_identities vi ON vi.site_id = c.site_id AND vi.uid = c.user_id"
-    "  WHERE c.site_id = ?1)"
+    f"WITH {linked_customers(name)}"  # noqa: S608 - fixed fragments by dialect
     " SELECT DISTINCT sv.session_id, l.customer_id"
     " FROM linked l CROSS JOIN session_visitors sv"
     " WHERE sv.site_id = ?1 AND sv.visitor_id = l.visitor_id"

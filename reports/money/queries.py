@@ -27,8 +27,8 @@ from reports.money.mrr_series import values_at_instants
 from reports.money.revenue import PaymentRow, RevenuePayment, revenue_by_currency
 from reports.shared.params import DateRange, end_of_day_ms
 from storage.connection import Connection
-from storage.dialect import dialect, integer_of_text
-from storage.sessions import first_touch_join
+from storage.dialect import dialect
+from storage.sessions import first_touch_join, linked_customers
 from storage.statements import by_dialect, statement
 from vocabulary import UNATTRIBUTED
 
@@ -303,13 +303,7 @@ def revenue_rows(conn: Connection, site_id: int, t0: int, t1: int) -> list[Payme
 # come from session_visitors, and each session's events from a seek in events_site_ts over
 # the session's own time span, so only the customers' visits are read, not the range.
 _CONVERTED_CUSTOMERS = by_dialect(**{name: (
-    "WITH linked (customer_id, visitor_id) AS ("  # noqa: S608 - fixed fragments by dialect
-    f" SELECT customer_id, {integer_of_text(name, 'visitor_id')} FROM customers"
-    "  WHERE site_id = ?1 AND visitor_id IS NOT NULL"
-    " UNION"
-    " SELECT c.customer_id, vi.visitor_id FROM customers c"
-    "  JOIN visitor_identities vi ON vi.site_id = c.site_id AND vi.uid = c.user_id"
-    "  WHERE c.site_id = ?1)"
+    f"WITH {linked_customers(name)}"  # noqa: S608 - fixed fragments by dialect
     " SELECT DISTINCT e.name, l.customer_id"
     " FROM linked l"
     " CROSS JOIN session_visitors sv CROSS JOIN sessions s CROSS JOIN events e"
