@@ -21,8 +21,8 @@ import orjson
 
 from storage.browser_ids import browser_visitor_id, is_browser_id
 from storage.db import Database, integrity_problems
-from storage.events import event_months, month_start
 from storage.dialect import counted_by_month, dialect
+from storage.events import event_months, month_start
 from storage.statements import by_dialect, native, statement
 from vocabulary import TS_FUTURE_MS, TS_PAST_MS, UNCOUNTED_EVENTS
 
@@ -99,9 +99,10 @@ def _backup_sqlite(db: Database, partial: Path) -> tuple[int, str]:
 
 
 _CURRENT_SCHEMA = native("postgres", "SELECT current_schema()")
+# The tables that hold rows: a partitioned table's are its partitions'.
 _SCHEMA_TABLES = native("postgres",
-    "SELECT table_name FROM information_schema.tables"
-    " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'")
+    "SELECT c.relname FROM pg_class c"
+    " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'")
 
 
 def _backup_postgres(db, partial: Path) -> tuple[int, str]:

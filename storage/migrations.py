@@ -127,14 +127,6 @@ def _exists(conn: sqlite3.Connection, table: str) -> bool:
                         (table,)).fetchone() is not None
 
 
-# The columns of events, as both the old table and the partitioned one name them.
-_EVENT_COLUMNS = (
-    "id, site_id, ts, name, visitor_id, pathname, url, hostname, referrer, referrer_host, title,"
-    " width, language, uid, props, country, browser, os, device, utm_source, utm_medium,"
-    " utm_campaign, utm_term, utm_content, gclid, gbraid, wbraid, msclkid, fbclid, session_id,"
-    " anonymous")
-
-
 # PostgreSQL databases begin at version 14, the first release that ran on PostgreSQL, so
 # nothing above needs a twin. A later version that changes an existing table adds its
 # PostgreSQL statements here; they run after schema_postgres.sql, in the same transaction,
@@ -160,7 +152,10 @@ POSTGRES_STEPS: dict[int, tuple[str, ...]] = {
          " PERFORM count(tally_events_month(month)) FROM (SELECT DISTINCT extract(epoch FROM"
          " date_trunc('month', to_timestamp(ts / 1000.0) AT TIME ZONE 'UTC'))::bigint * 1000"
          " AS month FROM events_before_22) months;"
-         f" INSERT INTO events ({_EVENT_COLUMNS}) SELECT {_EVENT_COLUMNS} FROM events_before_22;"
+         " INSERT INTO events SELECT id, site_id, ts, name, visitor_id, pathname, url, hostname,"
+         " referrer, referrer_host, title, width, language, uid, props, country, browser, os,"
+         " device, utm_source, utm_medium, utm_campaign, utm_term, utm_content, gclid, gbraid,"
+         " wbraid, msclkid, fbclid, session_id, anonymous FROM events_before_22;"
          " PERFORM setval('events_id', max(id)) FROM events HAVING max(id) IS NOT NULL;"
          " DROP TABLE events_before_22;"
          " END IF; END $$",),
