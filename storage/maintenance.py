@@ -370,6 +370,8 @@ def _delete_events(conn: sqlite3.Connection, ids: list[int]) -> int:
     batch = orjson.dumps(ids).decode()
     conn.execute(_RECORD_DELETED[dialect(conn)], (TS_FUTURE_MS, TS_PAST_MS, batch, *UNCOUNTED_EVENTS))
     return conn.execute(_DELETE_EVENTS, (batch,)).rowcount
+
+
 # A whole month of events (PostgreSQL, a partition), recorded as _RECORD_DELETED does.
 _RECORD_DELETED_MONTH = native("postgres", f"""
 INSERT INTO deleted_events (account_id, month, events, early, late)

@@ -784,12 +784,11 @@ def apply_schema(conn: PostgresConnection) -> None:
                     " CHECK (one_row))")
         found = schema_version(conn)
         if found < version:
-            before = migrations.postgres_steps_before(found)
-            if before:
+            if found:
                 log.info("upgrading the PostgreSQL schema from version %d to %d%s", found, version,
                          " (moving events into monthly partitions: one pass over the table)"
                          if found < 22 else "")
-            for statement in before:
+            for statement in migrations.postgres_steps_before(found):
                 raw.execute(statement)
             raw.execute(postgres_script())
             for statement in migrations.postgres_steps(found):

@@ -3,9 +3,9 @@
 The source is read in one read transaction (a consistent state even while Tally serves,
 though what it stores after the copy starts is not copied: stop Tally first). The target
 is written in one transaction with COPY, so a failed copy leaves it as it was. Rows keep
-their ids; each id sequence then continues after the largest id, and events copied into
-events_default move into their months' partitions. The first-touch
-triggers are held off during the copy because customer_first_touch is copied as it is.
+their ids; each id sequence then continues after the largest id, and the events, copied
+into events_default, move into their months' partitions. The first-touch triggers are held
+off during the copy because customer_first_touch is copied as it is.
 """
 
 from __future__ import annotations
