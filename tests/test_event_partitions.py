@@ -49,13 +49,14 @@ def months_task(tally):
 
 
 class Site:
-    def __init__(self, tally, clock):
-        self.tally, self.clock = tally, clock
+    """A site of a new account, its key, and events sent through the API and flushed."""
+
+    def __init__(self, tally):
+        self.tally = tally
         self.client = webtest.TestApp(tally)
         account = tally.directory.create_account("Parts", "scale")
-        self.site = tally.directory.create_site(account["id"], ["example.com"])
-        self.public_id = self.site["id"]
-        self.key = tally.directory.create_key(self.site["id"], ["events", "payments", "read"])["key"]
+        self.public_id = tally.directory.create_site(account["id"], ["example.com"])["id"]
+        self.key = tally.directory.create_key(self.public_id, ["events", "payments", "read"])["key"]
 
     def send(self, *events) -> None:
         self.client.post("/api/v1/events", orjson.dumps({"s": self.public_id, "b": list(events)}),
@@ -77,7 +78,7 @@ def test_months_made_ahead_take_events_and_prune_drops_a_whole_one(db_path):
             assert partitions(db_path) == {"events_2026_09": 0, "events_2026_10": 0,
                                            "events_2026_11": 0, "events_2026_12": 0,
                                            "events_default": 0}
-        site = Site(tally, clock)
+        site = Site(tally)
         site.send(pageview(site.public_id, "https://example.com/", "https://www.google.com/", ip=GB),
                   pageview(site.public_id, "https://example.com/pricing", ip=GB),
                   pageview(site.public_id, "https://example.com/", ip=NL, ua=UA_PHONE))
@@ -142,7 +143,7 @@ def test_events_of_a_month_without_a_partition_wait_in_the_default_one(db_path):
     clock = FakeClock(at("2025-03-10T10:00:00"))
     tally = create_app(config_for(db_path), clock=clock)
     try:  # not started: no partition made
-        site = Site(tally, clock)
+        site = Site(tally)
         site.send(pageview(site.public_id, "https://example.com/", ip=GB),
                   pageview(site.public_id, "https://example.com/a", ip=NL))
     finally:
@@ -200,7 +201,7 @@ def test_a_version_21_database_moves_into_monthly_partitions_with_its_figures(po
     clock = FakeClock(at("2026-08-20T10:00:00"))
     tally = create_app(config_for(db), clock=clock)
     try:  # not started: every event in events_default, as in an unpartitioned table
-        site = Site(tally, clock)
+        site = Site(tally)
         site.send(pageview(site.public_id, "https://example.com/", "https://www.google.com/", ip=GB))
         clock.set(at("2026-09-02T08:00:00"))
         site.send(pageview(site.public_id, "https://example.com/pricing", ip=GB),
