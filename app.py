@@ -9,6 +9,7 @@ each worker after the fork.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -37,13 +38,16 @@ from ingest.pipeline import write_batch
 from ingest.queue import EventQueue
 from quota.usage import QuotaGuard
 from storage.backend import open_database
-from storage.db import Database
+from storage.db import Database, StorageError
 from storage.directory import Directory
+from storage.events import make_event_months
 from storage.funnels import Funnels
 from storage.payments import PaymentStore
 from storage.reads import ReadPool
 from storage.stripe import StripeStore
 from tasks import Task, Tasks
+
+log = logging.getLogger("tally")
 
 
 class Health:
@@ -150,6 +154,8 @@ class Tally:
         self.tasks = Tasks([
             Task("prune visitor salts older than yesterday", every=60.0,
                  run=self._prune_salts),
+            Task("make the coming months' event partitions (PostgreSQL)", every=3600.0,
+                 run=self._make_event_months),
         ])
         self.services.append(self.tasks)
 
@@ -157,8 +163,23 @@ class Tally:
         return self.wsgi(environ, start_response)
 
     def start(self) -> None:
+        # Before the first flush, so that a new database's events go into their month's
+        # partition; a busy database is no reason not to start (the duty tries again).
+        try:
+            self._make_event_months()
+        except StorageError as exc:
+            log.warning("could not make the coming months' event partitions yet (%s)", exc)
         for service in self.services:
             service.start()
+
+    def _make_event_months(self) -> None:
+        try:
+            made = make_event_months(self.db, int(self.clock() * 1000))
+        finally:
+            self.db.release()
+        if made:
+            log.info("made the events partitions of %s", ", ".join(
+                time.strftime("%Y-%m", time.gmtime(month / 1000)) for month in made))
 
     def _prune_salts(self) -> None:
         try:

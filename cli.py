@@ -41,7 +41,7 @@ from reports.timeseries import INTERVALS
 from storage import deadletters
 from storage.backend import open_database
 from storage.check import run_checks
-from storage.db import Database, StorageError, schema
+from storage.db import Database, StorageError
 from storage.directory import Directory, InvalidArgument, NotFound
 from storage.identity_secrets import new_secret, replace_secret
 from storage.maintenance import (
@@ -49,6 +49,7 @@ from storage.maintenance import (
     backup,
     connection_as_is,
     delete_raw_traffic,
+    drop_old_months,
     erase_customer,
     erase_visitor,
     restore,
@@ -341,7 +342,7 @@ def _usage_after_migration(conn) -> tuple[list[dict], int]:
 @command("restore")
 def _restore(args, ctx):
     result = restore(ctx.db, args.backup)
-    current = schema()[0]
+    current = ctx.db.latest_version
     # Usage is counted with this release's statements, which read this release's schema:
     # an older backup's integrity is checked now, its usage by tally check once migrated.
     same = result.user_version == current
@@ -411,7 +412,8 @@ def _prune(args, ctx):
                        "change, so their figures cannot be stored yet")
     before_ms = cutoff_ms(before)
     totals = {"events": 0, "sessions": 0, "kept_sessions": 0, "days_stored": 0}
-    for site_id in sites_with_raw_traffic(ctx.db, before_ms):
+    sites = sites_with_raw_traffic(ctx.db, before_ms)
+    for site_id in sites:  # every site's days stored before a whole month of all goes
         missing = unstored_days(ctx.db, site_id, before_ms, len(DIMENSIONS))
         for _ in range(3):  # storing yields to a busy writer; try again
             if not missing:
@@ -422,6 +424,8 @@ def _prune(args, ctx):
         if missing:
             raise CliError(f"the traffic of {len(missing)} days could not be stored (database "
                            "busy, or a visit still open); nothing of them was deleted, try again")
+    totals["events"] += drop_old_months(ctx.db, before_ms)
+    for site_id in sites:
         result = delete_raw_traffic(ctx.db, site_id, before_ms)
         totals["events"] += result.events
         totals["sessions"] += result.sessions

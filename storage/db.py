@@ -235,6 +235,11 @@ class Database:
     def schema_version(self) -> int:
         return int(self.conn().execute("PRAGMA user_version").fetchone()[0])
 
+    @property
+    def latest_version(self) -> int:
+        """The version this release brings a database to."""
+        return schema()[0]
+
     def ping(self) -> None:
         """One trivial query: raises when the database cannot be read."""
         self.conn().execute("SELECT 1").fetchone()

@@ -1,19 +1,26 @@
-"""The events table: the shape of its row (`EventRow`) and the statement that inserts rows.
+"""The events table: the shape of its row (`EventRow`), the statement that inserts rows,
+and, on PostgreSQL, its monthly partitions.
 
 The flush (ingest/pipeline.py) builds EventRows, assigns their sessions, then calls
 `insert_events` inside its transaction; the events go in in their order, binding only
 the columns each sets (storage.sparse: an executemany per run of rows setting the same
-columns).
+columns). On PostgreSQL events is partitioned by UTC month (schema_postgres.sql):
+`make_event_months` makes the coming months' partitions, at start-up and as a background
+duty (app.py), and `tally prune` drops whole months (storage/maintenance.py).
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from functools import partial
 from typing import NamedTuple
 
+from storage.dialect import dialect
 from storage.sparse import SparseInsert
+from storage.statements import native
 
 
 class EventRow(NamedTuple):
@@ -65,3 +72,47 @@ def insert_events(conn: sqlite3.Connection, rows: Sequence[EventRow],
                   session_ids: Sequence[int | None]) -> None:
     """INSERT the rows, in order, each with its session id; the caller holds the transaction."""
     _EVENTS.write(conn, map(tuple.__add__, rows, [(session_id,) for session_id in session_ids]))
+
+
+# Monthly partitions (PostgreSQL) ---------------------------------------------------------
+
+# Months made ahead of the current one, so that a host whose duty stops for a while still
+# writes into monthly partitions, never into events_default.
+MONTHS_AHEAD = 3
+
+_PARTITIONS = native(
+    "postgres",
+    "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+    " WHERE i.inhparent = to_regclass('events')")
+_MAKE_MONTH = native("postgres", "SELECT tally_events_month(?)")
+_MONTH_NAME = re.compile(r"events_(\d{4})_(\d{2})")
+
+
+def month_start(ms: int, later: int = 0) -> int:
+    """The unix ms the UTC month holding `ms` starts at, or the month `later` months on."""
+    when = datetime.fromtimestamp(ms / 1000, UTC)
+    months = when.year * 12 + when.month - 1 + later
+    return int(datetime(months // 12, months % 12 + 1, 1, tzinfo=UTC).timestamp()) * 1000
+
+
+def event_months(conn) -> list[int]:
+    """The first ms of each month that has its own partition, in order; none on SQLite."""
+    if dialect(conn) != "postgres":
+        return []
+    found = (_MONTH_NAME.fullmatch(row[0]) for row in conn.execute(_PARTITIONS))
+    return sorted(int(datetime(int(m[1]), int(m[2]), 1, tzinfo=UTC).timestamp()) * 1000
+                  for m in found if m)
+
+
+def make_event_months(db, now_ms: int, ahead: int = MONTHS_AHEAD) -> list[int]:
+    """Make the partitions of this month and the next `ahead` ones that are missing (the
+    first ms of each made). Idempotent across hosts: each month is made under the write
+    lock, by whichever host comes first. Nothing to do on SQLite."""
+    if db.dialect != "postgres":
+        return []
+    wanted = [month_start(now_ms, later) for later in range(ahead + 1)]
+    missing = sorted(set(wanted) - set(event_months(db.conn())))
+    if not missing:
+        return []
+    with db.transaction() as conn:
+        return [month for month in missing if conn.execute(_MAKE_MONTH, (month,)).fetchone()[0]]

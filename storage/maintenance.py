@@ -22,6 +22,7 @@ import orjson
 from storage.browser_ids import browser_visitor_id, is_browser_id
 from storage.db import Database, integrity_problems
 from storage.dialect import counted_by_month, dialect
+from storage.events import event_months, month_start
 from storage.statements import by_dialect, native, statement
 from vocabulary import TS_FUTURE_MS, TS_PAST_MS, UNCOUNTED_EVENTS
 
@@ -98,9 +99,10 @@ def _backup_sqlite(db: Database, partial: Path) -> tuple[int, str]:
 
 
 _CURRENT_SCHEMA = native("postgres", "SELECT current_schema()")
+# The tables that hold rows: a partitioned table's are its partitions'.
 _SCHEMA_TABLES = native("postgres",
-    "SELECT table_name FROM information_schema.tables"
-    " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'")
+    "SELECT c.relname FROM pg_class c"
+    " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'")
 
 
 def _backup_postgres(db, partial: Path) -> tuple[int, str]:
@@ -368,6 +370,39 @@ def _delete_events(conn: sqlite3.Connection, ids: list[int]) -> int:
     batch = orjson.dumps(ids).decode()
     conn.execute(_RECORD_DELETED[dialect(conn)], (TS_FUTURE_MS, TS_PAST_MS, batch, *UNCOUNTED_EVENTS))
     return conn.execute(_DELETE_EVENTS, (batch,)).rowcount
+
+
+# A whole month of events (PostgreSQL, a partition), recorded as _RECORD_DELETED does.
+_RECORD_DELETED_MONTH = native("postgres", f"""
+INSERT INTO deleted_events (account_id, month, events, early, late)
+SELECT s.account_id, {counted_by_month("postgres")}
+  FROM events e JOIN sites s ON s.id = e.site_id
+ WHERE e.ts >= ? AND e.ts < ? AND (e.name <> ? OR e.anonymous = 1)
+ GROUP BY s.account_id, month
+ ON CONFLICT (account_id, month) DO UPDATE SET events = deleted_events.events + excluded.events,
+    early = deleted_events.early + excluded.early, late = deleted_events.late + excluded.late
+""")  # noqa: S608 - a fixed fragment
+_MONTH_EVENTS = native("postgres", "SELECT count(*) FROM events WHERE ts >= ? AND ts < ?")
+_DROP_MONTH = native("postgres", "SELECT tally_drop_events_month(?)")
+
+
+def drop_old_months(db: Database, before_ms: int) -> int:
+    """Drop every monthly partition of events that ends by the cut-off, each in one
+    transaction that first records its counted events; the number of events dropped.
+    Rows of the month the cut-off falls in are left to delete_raw_traffic. SQLite: 0."""
+    dropped = 0
+    for month in event_months(db.conn()):
+        end = month_start(month, 1)
+        if end > before_ms:
+            break
+        with db.transaction() as conn:
+            dropped += conn.execute(_MONTH_EVENTS, (month, end)).fetchone()[0]
+            conn.execute(_RECORD_DELETED_MONTH,
+                         (TS_FUTURE_MS, TS_PAST_MS, month, end, *UNCOUNTED_EVENTS))
+            conn.execute(_DROP_MONTH, (month,))
+    return dropped
+
+
 # A session some customer's first touch points at is kept: revenue by channel reads it.
 # One still being extended (seen after the cut-off) is kept too.
 _OLD_SESSIONS = statement(

@@ -144,7 +144,47 @@ POSTGRES_STEPS: dict[int, tuple[str, ...]] = {
     # the flush used to write max(id) + 1 past it, so it continues after the largest id.
     21: ("SELECT setval(pg_get_serial_sequence('sessions', 'id'), max(id)) FROM sessions"
          " HAVING max(id) IS NOT NULL",),
+    # Version 22 (PostgreSQL only): events partitioned by month. The old table was set
+    # aside before the script (POSTGRES_STEPS_BEFORE) and the script made the new one; each
+    # month of its rows gets its partition, then the rows move over, ids kept. A table
+    # already partitioned (a database marked older than it is) is left as it is.
+    22: ("DO $$ BEGIN IF to_regclass('events_before_22') IS NOT NULL THEN"
+         " PERFORM count(tally_events_month(month)) FROM (SELECT DISTINCT extract(epoch FROM"
+         " date_trunc('month', to_timestamp(ts / 1000.0) AT TIME ZONE 'UTC'))::bigint * 1000"
+         " AS month FROM events_before_22) months;"
+         " INSERT INTO events SELECT id, site_id, ts, name, visitor_id, pathname, url, hostname,"
+         " referrer, referrer_host, title, width, language, uid, props, country, browser, os,"
+         " device, utm_source, utm_medium, utm_campaign, utm_term, utm_content, gclid, gbraid,"
+         " wbraid, msclkid, fbclid, session_id, anonymous FROM events_before_22;"
+         " PERFORM setval('events_id', max(id)) FROM events HAVING max(id) IS NOT NULL;"
+         " DROP TABLE events_before_22;"
+         " END IF; END $$",),
 }
+
+# Run before schema_postgres.sql, for databases older than the version: what must be out
+# of the script's way (a table it makes anew under the same name).
+POSTGRES_STEPS_BEFORE: dict[int, tuple[str, ...]] = {
+    22: ("DO $$ BEGIN IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('events')) = 'r'"
+         " THEN"
+         " ALTER TABLE events ADD COLUMN IF NOT EXISTS anonymous BIGINT CHECK (anonymous = 1);"
+         " ALTER TABLE events RENAME TO events_before_22;"
+         " ALTER INDEX IF EXISTS events_pkey RENAME TO events_before_22_pkey;"
+         " ALTER INDEX IF EXISTS events_site_ts RENAME TO events_before_22_site_ts;"
+         " END IF; END $$",),
+}
+
+
+def postgres_version() -> int:
+    """The schema version of a PostgreSQL database: schema.sql's, or later when a change
+    was PostgreSQL's only (22: partitioned events); the next change to both goes past it."""
+    from storage.db import schema
+
+    return max(schema()[0], *POSTGRES_STEPS)
+
+
+def postgres_steps_before(found: int) -> list[str]:
+    """The statements to run before the script on a PostgreSQL database at version `found`."""
+    return postgres_steps(found, POSTGRES_STEPS_BEFORE)
 
 
 def postgres_steps(found: int, steps: dict[int, tuple[str, ...]] | None = None) -> list[str]:

@@ -19,6 +19,7 @@ connection failure surfaces as StorageBusy, a 503.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import re
@@ -47,12 +48,13 @@ from storage.db import (
     ReplicaLost,
     StorageBusy,
     StorageError,
-    schema,
 )
 from storage.replica import MAX_LAG, PRIMARY_POSITION, Replica
 from storage.statements import Statement, UnsupportedSQL, _ListText, native, translate
 
 SCHEMA_PATH = files(__package__) / "schema_postgres.sql"
+
+log = logging.getLogger("tally")
 
 # Connections each process's pool may hold for request threads (Config.database_pool).
 POOL_SIZE = 8
@@ -644,6 +646,11 @@ class PostgresDatabase:
     def schema_version(self) -> int:
         return schema_version(self.conn())
 
+    @property
+    def latest_version(self) -> int:
+        """The version this release brings a database to."""
+        return migrations.postgres_version()
+
     def ping(self) -> None:
         try:
             self.conn().execute("SELECT 1").fetchone()
@@ -764,8 +771,8 @@ def schema_version(conn: PostgresConnection) -> int:
 
 
 def apply_schema(conn: PostgresConnection) -> None:
-    """Create what is missing and record schema.sql's version; one process at a time."""
-    version = schema()[0]
+    """Create what is missing and record the version; one process at a time."""
+    version = migrations.postgres_version()
     if schema_version(conn) >= version:
         return
     raw = conn.raw
@@ -777,6 +784,12 @@ def apply_schema(conn: PostgresConnection) -> None:
                     " CHECK (one_row))")
         found = schema_version(conn)
         if found < version:
+            if found:
+                log.info("upgrading the PostgreSQL schema from version %d to %d%s", found, version,
+                         " (moving events into monthly partitions: one pass over the table)"
+                         if found < 22 else "")
+            for statement in migrations.postgres_steps_before(found):
+                raw.execute(statement)
             raw.execute(postgres_script())
             for statement in migrations.postgres_steps(found):
                 raw.execute(statement)

@@ -3,8 +3,9 @@
 The source is read in one read transaction (a consistent state even while Tally serves,
 though what it stores after the copy starts is not copied: stop Tally first). The target
 is written in one transaction with COPY, so a failed copy leaves it as it was. Rows keep
-their ids; each identity sequence then continues after the largest id. The first-touch
-triggers are held off during the copy because customer_first_touch is copied as it is.
+their ids; each id sequence then continues after the largest id, and the events, copied
+into events_default, move into their months' partitions. The first-touch triggers are held
+off during the copy because customer_first_touch is copied as it is.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class TransferResult:
 
 
 _TARGET_TABLES = (
-    "SELECT c.relname FROM pg_class c WHERE c.relkind = 'r'"
+    "SELECT c.relname FROM pg_class c WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition"
     " AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND c.relname <> 'tally_schema_version'"
 )
 # Each table's foreign-key parents within the schema, to copy parents first.
@@ -47,8 +48,17 @@ _COLUMNS = (
     "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
     " AND NOT attisdropped ORDER BY attnum"
 )
+# Columns numbered by a sequence of their own: identities, and events.id (a partitioned
+# table can have no identity).
 _IDENTITY_COLUMNS = (
-    "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attidentity <> ''"
+    "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
+    " AND NOT attisdropped AND pg_get_serial_sequence(%s, attname) IS NOT NULL"
+)
+# The copied events all went to events_default: each month of them gets its partition.
+_EVENT_MONTHS = (
+    "SELECT count(tally_events_month(month)) FROM (SELECT DISTINCT"
+    " extract(epoch FROM date_trunc('month', to_timestamp(ts / 1000.0) AT TIME ZONE 'UTC'))"
+    "::bigint * 1000 AS month FROM events_default) months"
 )
 
 
@@ -83,6 +93,8 @@ def migrate_to_postgres(source: Database, target: PostgresDatabase) -> TransferR
             for table in order:
                 raw.execute(sql.SQL("ALTER TABLE {} ENABLE TRIGGER USER").format(sql.Identifier(table)))
                 _continue_identities(raw, table)
+            if "events" in result.tables:
+                raw.execute(_EVENT_MONTHS)
             for table, copied in result.tables.items():
                 stored = raw.execute(sql.SQL("SELECT count(*) FROM {}").format(
                     sql.Identifier(table))).fetchone()[0]
@@ -132,7 +144,8 @@ def _copy_table(reader: sqlite3.Connection, raw: psycopg.Connection, table: str)
 
 
 def _continue_identities(raw: psycopg.Connection, table: str) -> None:
-    for (column,) in raw.execute(_IDENTITY_COLUMNS, (table,)).fetchall():
+    quoted = sql.Identifier(table).as_string(raw)
+    for (column,) in raw.execute(_IDENTITY_COLUMNS, (table, quoted)).fetchall():
         # The sequence continues after the largest id copied.
         raw.execute(sql.SQL("SELECT setval(pg_get_serial_sequence(%s, %s),"
                             " coalesce((SELECT max({}) FROM {}), 0) + 1, false)").format(

@@ -133,6 +133,15 @@ def is_postgres(db: str) -> bool:
     return db.startswith(("postgresql://", "postgres://"))
 
 
+def latest_version(db: str) -> int:
+    """The schema version this release brings `db` to: PostgreSQL's can run ahead of
+    schema.sql's (storage.migrations.postgres_version)."""
+    from storage.db import schema
+    from storage.migrations import postgres_version
+
+    return postgres_version() if is_postgres(db) else schema()[0]
+
+
 def database_env(db: str) -> dict:
     """The TALLY_ variables that point Tally at `db` (a SQLite path or a PostgreSQL URL)."""
     if is_postgres(db):

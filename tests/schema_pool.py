@@ -13,7 +13,9 @@ as a new one would be:
   defaults, constraints, indexes, triggers and whether they fire, functions, sequences'
   settings, rules, privileges, planner statistics) and `tally_schema_version` still holds
   the version schema.sql gives; a test that added a trigger or a function, altered a table,
-  ran ANALYZE or changed the version leaves a schema that is dropped instead;
+  ran ANALYZE or changed the version leaves a schema that is dropped instead (the monthly
+  partitions of events that Tally makes as it starts are dropped first: the schema was
+  made without them);
 - every table that holds rows is emptied (triggers and foreign keys off for that, as in
   pg_restore: every row of every table goes) and every sequence a test moved is set back to
   its start, not yet called, as CREATE left it; `tally_schema_version` keeps its one row.
@@ -175,14 +177,14 @@ class SchemaPool:
 
     # ---------------------------------------------------------------------------------
     def _make(self) -> str:
-        from storage.db import schema
+        from storage.migrations import postgres_version
         from storage.postgres import PostgresDatabase
 
         name = _new_name()
         admin = self.admin()
         admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
         PostgresDatabase(schema_url(self.base_url, name)).connect().close()  # Tally's tables
-        self._version = schema()[0]
+        self._version = postgres_version()
         with admin.transaction():
             self._made[name] = self._catalog(admin, name)
         self._deleted[name] = 0
@@ -199,6 +201,14 @@ class SchemaPool:
             if tables:  # no transaction a test left running may still be writing
                 admin.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
                     sql.SQL(", ").join(sql.Identifier(name, t) for t in tables)))
+            # The monthly partitions of events a test's app made (storage/events.py): a
+            # new schema has only events_default.
+            months = [row[0] for row in admin.execute(
+                "SELECT c.relname FROM pg_class c WHERE c.relnamespace = %s::regnamespace"
+                " AND c.relispartition AND c.relname ~ '^events_[0-9]{4}_[0-9]{2}$'", (name,))]
+            for month in months:
+                admin.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(name, month)))
+            tables = [t for t in tables if t not in months]
             if self._catalog(admin, name) != self._made[name] or self._version_rows(
                     admin, name) != [(self._version,)]:
                 return False  # leaving the block rolls nothing back: nothing was changed

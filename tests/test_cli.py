@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_json, database_dump, is_postgres, rows, run_cli
+from tests.conftest import cli_json, database_dump, is_postgres, latest_version, rows, run_cli
 
 
 def test_account_site_key_lifecycle(db_path):
@@ -116,10 +116,10 @@ def test_human_output_is_aligned_columns(db_path):
 def test_schema_version_is_recorded(db_path):
     from storage.db import schema
 
-    assert cli_json("init", db=db_path)["schema_version"] == schema()[0]
+    assert cli_json("init", db=db_path)["schema_version"] == latest_version(db_path)
     if is_postgres(db_path):
         assert rows(db_path, "SELECT version FROM tally_schema_version") == [
-            {"version": schema()[0]}]
+            {"version": latest_version(db_path)}]
         return
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == schema()[0]

@@ -11,8 +11,17 @@ import orjson
 import pytest
 
 from reports.days.queries import DIMENSIONS
-from storage.db import schema
-from tests.conftest import WAIT, bearer, cli_json, config_for, execute, is_postgres, rows, run_cli
+from tests.conftest import (
+    WAIT,
+    bearer,
+    cli_json,
+    config_for,
+    execute,
+    is_postgres,
+    latest_version,
+    rows,
+    run_cli,
+)
 from tests.test_attribution_e2e import UA, UA_PHONE, identify, pageview
 
 DAYS = ("2026-09-21", "2026-09-22", "2026-09-23")
@@ -92,7 +101,7 @@ def test_backup_copies_and_checks(history, tmp_path, restore_backup):
     copy = tmp_path / "copy.db"
     result = cli_json("backup", str(copy), db=db)
     assert result["integrity"] == "ok" and result["bytes"] == copy.stat().st_size > 0
-    assert result["user_version"] == schema()[0]
+    assert result["user_version"] == latest_version(db)
     assert not (tmp_path / "copy.db-wal").exists()
     assert not (tmp_path / "copy.db.partial").exists()
     restored = restore_backup(db, copy)
@@ -260,7 +269,7 @@ def test_postgres_backup_gives_pg_dump_the_password_outside_its_command_line(
         result = backup(db, str(tmp_path / "tally.dump"))
     finally:
         db.close()
-    assert result.integrity == "ok" and result.user_version == schema()[0]
+    assert result.integrity == "ok" and result.user_version == latest_version(postgres_schema)
     assert [args[0].rsplit("/", 1)[-1] for args, _ in calls] == ["pg_dump", "pg_restore"]
     assert all("s3cret-pw" not in " ".join(args) for args, _ in calls)
     assert calls[0][1]["PGPASSWORD"] == "s3cret-pw"

@@ -61,6 +61,10 @@ def test_every_row_moves_and_reports_give_the_same_figures(seeded, postgres_sche
 def test_tally_goes_on_from_the_copy(seeded, postgres_schema):
     source, world, now = seeded
     cli_json("migrate-to-postgres", "--to", postgres_schema, db=source)
+    # The events are in their months' partitions, none left waiting in the default one.
+    assert rows(postgres_schema, "SELECT count(*) AS n FROM events_default") == [{"n": 0}]
+    assert rows(postgres_schema, "SELECT count(*) AS n FROM events_2026_09")[0]["n"] > 0
+    largest = rows(postgres_schema, "SELECT max(id) AS id FROM events")[0]["id"]
     # New rows take ids after the copied ones; the first-touch triggers work again.
     account = cli_json("account", "create", "--name", "After", "--plan", "free", db=postgres_schema)
     site = cli_json("site", "create", "--account", account["id"], "--host", "after.test",
@@ -87,6 +91,8 @@ def test_tally_goes_on_from_the_copy(seeded, postgres_schema):
     finally:
         tally.stop(timeout=5)
     assert customer["data"]["attribution"]["source"] == "later"
+    assert rows(postgres_schema, "SELECT count(*) AS n FROM events WHERE id > ?",
+                (largest,)) == [{"n": 2}]
 
 
 def test_a_target_that_holds_rows_is_refused_and_left_alone(seeded, postgres_schema):

@@ -268,9 +268,10 @@ def test_account_pages_are_isolated(world):
 def site_rows(db: str, site_row_id: int) -> dict[str, int]:
     """Rows per table that has a site_id column, of this site."""
     if is_postgres(db):
-        tables = [r["table_name"] for r in rows(
-            db, "SELECT table_name FROM information_schema.columns WHERE column_name = 'site_id'"
-                " AND table_schema = current_schema()")]
+        tables = [r["relname"] for r in rows(  # events' partitions are events
+            db, "SELECT c.relname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+                " WHERE a.attname = 'site_id' AND c.relkind IN ('r', 'p') AND NOT c.relispartition"
+                " AND c.relnamespace = current_schema()::regnamespace")]
     else:
         tables = [r["name"] for r in rows(db, "SELECT name FROM sqlite_master WHERE type = 'table'")
                   if any(c["name"] == "site_id" for c in rows(

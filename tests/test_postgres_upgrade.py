@@ -5,12 +5,11 @@ that opens it first, and its rows are kept."""
 from __future__ import annotations
 
 from storage import migrations
-from storage.db import schema
 from tests.conftest import cli_json, rows
 
 
 def test_init_records_the_version_and_an_older_database_is_brought_up_to_date(postgres_schema):
-    version = schema()[0]
+    version = migrations.postgres_version()
     account = cli_json("account", "create", "--name", "Before", "--plan", "free", db=postgres_schema)
     assert rows(postgres_schema, "SELECT version FROM tally_schema_version") == [{"version": version}]
     conn_rows = rows(postgres_schema, "UPDATE tally_schema_version SET version = ? RETURNING version",

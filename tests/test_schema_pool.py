@@ -14,7 +14,6 @@ import pytest
 import webtest
 
 from app import create_app
-from storage.db import schema
 from tests.conftest import (
     WAIT,
     FakeClock,
@@ -24,6 +23,7 @@ from tests.conftest import (
     execute,
     fill_postgres_disk,
     free_postgres_disk,
+    latest_version,
     new_postgres_schema,
     rows,
 )
@@ -54,10 +54,12 @@ def dump(url: str) -> str:
 
 def use_everything(url: str) -> None:
     """What tests do: accounts, sites, keys, events through the flush (sessions, visitors,
-    identities, first touch), payments, a report's stored days; sequences advanced."""
+    identities, first touch) into the monthly partitions start-up makes, payments, a
+    report's stored days; sequences advanced."""
     clock = FakeClock()
     tally = create_app(config_for(url), clock=clock)
     try:
+        tally.start()
         account = tally.directory.create_account("Used", "scale")
         site = tally.directory.create_site(account["id"], ["example.com"])
         key = tally.directory.create_key(site["id"], ["events", "payments", "read"])["key"]
@@ -81,6 +83,7 @@ def use_everything(url: str) -> None:
     finally:
         tally.stop(timeout=WAIT)
     assert rows(url, "SELECT count(*) AS n FROM events")[0]["n"] == 6
+    assert rows(url, "SELECT count(*) AS n FROM events_2026_09")[0]["n"] == 6
     assert rows(url, "SELECT count(*) AS n FROM customer_first_touch")[0]["n"] == 1
 
 
@@ -96,7 +99,8 @@ def test_a_schema_given_back_is_handed_out_again_as_a_new_one(pool):
         fresh = dump(new)
     assert "pg_catalog.setval" in fresh  # the dump shows every sequence's state
     assert dump(again) == fresh
-    assert rows(again, "SELECT version FROM tally_schema_version") == [{"version": schema()[0]}]
+    assert rows(again, "SELECT version FROM tally_schema_version") == [
+        {"version": latest_version(again)}]
     use_everything(again)  # and it works as a new one does
     pool.give_back(again)
 

@@ -36,14 +36,17 @@ def test_the_app_prunes_visitor_salts_as_a_background_task(db_path):
     clock = FakeClock()
     tally = create_app(config_for(db_path), clock=clock,
                        random_bytes=counting_bytes())
-    assert [task.name for task in tally.tasks.tasks] == ["prune visitor salts older than yesterday"]
+    assert [task.name for task in tally.tasks.tasks] == [
+        "prune visitor salts older than yesterday",
+        "make the coming months' event partitions (PostgreSQL)"]
     today = int(clock() * 1000) // DAY_MS
     conn = tally.db.conn()
     conn.executemany("INSERT INTO visitor_salts (day, salt, created_at) VALUES (?, ?, 0)",
                      [(day, bytes(32)) for day in (today - 3, today - 2, today - 1, today)])
     tally.tasks.clock = clock
     tally.db.release()  # the task runs here on the test's thread and borrows its own
-    assert tally.tasks.run_due() == ["prune visitor salts older than yesterday"]
+    assert tally.tasks.run_due() == ["prune visitor salts older than yesterday",
+                                     "make the coming months' event partitions (PostgreSQL)"]
     conn = tally.db.conn()
     days = [row[0] for row in conn.execute("SELECT day FROM visitor_salts ORDER BY day")]
     assert days == [today - 1, today]
