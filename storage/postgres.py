@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from decimal import Decimal
 from importlib.resources import files
 from urllib.parse import urlsplit
@@ -35,7 +35,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql as pg_sql
 from psycopg.adapt import Dumper, Loader
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.numeric import Int8Dumper
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -208,30 +208,39 @@ def storage_error(exc: psycopg.Error) -> StorageError:
 class PostgresCursor:
     """The part of sqlite3.Cursor storage uses."""
 
-    __slots__ = ("_cursor",)
+    __slots__ = ("_cursor", "_pipeline")
 
-    def __init__(self, cursor: psycopg.Cursor):
+    def __init__(self, cursor: psycopg.Cursor, pipeline: psycopg.Pipeline | None = None):
         self._cursor = cursor
+        self._pipeline = pipeline  # the pipeline the statement was sent in, if any
 
     def fetchone(self):
-        return self._cursor.fetchone() if self._cursor.description else None
+        return self._cursor.fetchone() if self.description else None
 
     def fetchall(self) -> list:
-        return self._cursor.fetchall() if self._cursor.description else []
+        return self._cursor.fetchall() if self.description else []
 
     def fetchmany(self, size: int) -> list:
-        return self._cursor.fetchmany(size) if self._cursor.description else []
+        return self._cursor.fetchmany(size) if self.description else []
 
     def __iter__(self):
-        return iter(self._cursor) if self._cursor.description else iter(())
+        return iter(self._cursor) if self.description else iter(())
 
     @property
     def rowcount(self) -> int:
+        self._arrived()
         return self._cursor.rowcount
 
     @property
     def description(self):
+        self._arrived()
         return self._cursor.description
+
+    def _arrived(self) -> None:
+        """In a pipeline, waits for the results sent so far (this statement's among them)."""
+        if self._pipeline is not None and self._pipeline.status != PipelineStatus.OFF:
+            self._pipeline.sync()
+            self._pipeline = None
 
 
 class PostgresConnection:
@@ -246,6 +255,7 @@ class PostgresConnection:
         self.replica = replica  # a connection to the read replica (storage/replica.py)
         self.budget: Budget | None = None  # a read budget's deadline (PostgresDatabase.read_budget)
         self._statement_timeout_ms = 0  # what this connection's statement_timeout was set to
+        self.pipelined: psycopg.Pipeline | None = None  # inside pipeline(): its pipeline
 
     @property
     def in_transaction(self) -> bool:
@@ -271,7 +281,7 @@ class PostgresConnection:
             cursor.execute(statement.text, statement.arguments(params) or ())
         except pg_errors.QueryCanceled as exc:
             raise self._canceled(exc) from exc
-        return PostgresCursor(cursor)
+        return PostgresCursor(cursor, self.pipelined)
 
     def executemany(self, sql: str, rows) -> PostgresCursor:
         statement = _compiled(sql)
@@ -355,11 +365,25 @@ class PostgresConnection:
         return PostgresCursor(cursor)
 
     def begin_sites(self, sites: Collection[int]) -> None:
-        """BEGIN a transaction that writes only these sites' rows (module doc)."""
-        cursor = self.raw.cursor()
-        cursor.execute("BEGIN")
-        cursor.execute(_SHARED_LOCK, (WRITE_LOCK_KEY,))
-        cursor.execute(_SITE_LOCKS, (SITE_LOCK_KEY, sorted(int(site) for site in sites)))
+        """BEGIN a transaction that writes only these sites' rows (module doc): the three
+        statements go in one round trip (in the caller's pipeline, if it has one)."""
+        with nullcontext() if self.pipelined else self.raw.pipeline():
+            cursor = self.raw.cursor()
+            cursor.execute("BEGIN")
+            cursor.execute(_SHARED_LOCK, (WRITE_LOCK_KEY,))
+            cursor.execute(_SITE_LOCKS, (SITE_LOCK_KEY, sorted(int(site) for site in sites)))
+
+    @contextmanager
+    def pipeline(self):
+        """psycopg's pipeline mode: statements are sent without waiting for their results,
+        which arrive when one is fetched or the block ends (then every error is raised). A
+        block of statements then costs a round trip per result it reads, not one each."""
+        with self.raw.pipeline() as pipeline:
+            self.pipelined = pipeline
+            try:
+                yield self
+            finally:
+                self.pipelined = None
 
     def set_lock_timeout(self, ms: int) -> None:
         self.raw.execute(f"SET lock_timeout = {int(ms)}")  # sql-safe: an int
@@ -670,24 +694,24 @@ class PostgresDatabase:
 
     @contextmanager
     def transaction(self, conn: PostgresConnection | None = None, *,
-                    sites: Collection[int] | None = None):
+                    sites: Collection[int] | None = None, pipelined: bool = False):
         """BEGIN ... COMMIT holding the write lock; with `sites`, only those sites' locks
         and the write lock shared: for a transaction that writes only rows of those sites
-        (and monthly usage, by upsert), which then never waits for other sites'."""
+        (and monthly usage, by upsert), which then never waits for other sites'.
+        `pipelined`: BEGIN to COMMIT in pipeline mode (PostgresConnection.pipeline), for a
+        block of statements that reads few results and copies nothing; the block returns
+        once the COMMIT has answered."""
         conn = conn or self.conn()
         if conn.replica:
             conn = self._writer(conn)
         try:
-            if sites is None:
-                conn.execute("BEGIN IMMEDIATE")
-            else:
-                conn.begin_sites(sites)
-        except psycopg.Error as exc:
-            _abandon(conn)
-            raise storage_error(exc) from exc
-        try:
-            yield conn
-            conn.commit()
+            with conn.pipeline() if pipelined else nullcontext():
+                if sites is None:
+                    conn.execute("BEGIN IMMEDIATE")
+                else:
+                    conn.begin_sites(sites)
+                yield conn
+                conn.commit()
         except BaseException as exc:
             _abandon(conn)
             if isinstance(exc, psycopg.Error):

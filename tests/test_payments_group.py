@@ -10,7 +10,7 @@ import pytest
 
 from app import create_app
 from storage.backend import open_database
-from storage.db import StorageError
+from storage.db import StorageBusy, StorageError
 from storage.payments import PaymentStore, find_payment
 from tests.conftest import WAIT, FakeClock, WriteLock, config_for, execute, is_postgres, wait_until
 from validation.payment import validate_payment
@@ -119,3 +119,31 @@ def test_a_payment_waiting_past_the_busy_timeout_is_refused_busy(store, db_path)
     with app.db.snapshot() as conn:
         assert [find_payment(conn, 1, p) is not None for p in GOOD[:4]] == [False] * 3 + [True]
     app.stop(timeout=5)
+
+
+def test_after_a_failed_or_refused_payment_the_next_one_on_its_thread_is_stored(store, db_path):
+    """One thread's payments one after another (on PostgreSQL one pooled connection, each
+    payment pipelined from BEGIN to COMMIT): a payment the database refuses, then one that
+    cannot get the lock, fail alone; the payments after each are stored and reread."""
+    refuse_one_payment(db_path)
+    store.busy_timeout_ms = 50
+    payments = PaymentStore(store, FakeClock())
+    payments.upsert(1, payment(GOOD[0]))
+    with pytest.raises(StorageError, match="refused by the test"):
+        payments.upsert(1, payment(BAD))
+    payments.upsert(1, payment(GOOD[1]))
+    lock = WriteLock(db_path)
+    try:
+        with pytest.raises(StorageBusy):
+            payments.upsert(1, payment(GOOD[2]))
+    finally:
+        lock.release()
+    payments.upsert(1, payment(GOOD[3]))
+    reopened = open_database(config_for(db_path))
+    with reopened.snapshot() as conn:
+        stored = {payment_id for payment_id in [*GOOD[:4], BAD]
+                  if find_payment(conn, 1, payment_id) is not None}
+        subscriptions = conn.execute("SELECT subscription_id FROM subscriptions ORDER BY 1").fetchall()
+    reopened.close()
+    assert stored == {GOOD[0], GOOD[1], GOOD[3]}
+    assert [row[0] for row in subscriptions] == [f"sub_{p}" for p in (GOOD[0], GOOD[1], GOOD[3])]
