@@ -113,10 +113,11 @@ class AgentParser:
 
 @functools.cache
 def _browser_and_os() -> _FirstMatch:
-    """ua-parser's browser and OS expressions (built on first use)."""
-    from ua_parser.loaders import load_builtins
+    """ua-parser's browser and OS expressions (built on first use; each is compiled for
+    Python's re only when the filter first names it)."""
+    from ua_parser.loaders import load_lazy_builtins
 
-    browsers, systems, _devices = load_builtins()
+    browsers, systems, _devices = load_lazy_builtins()
     return _FirstMatch(browsers, systems)
 
 
