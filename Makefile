@@ -23,7 +23,7 @@ run: install
 	$(BIN)/tally serve --bind $(BIND) --workers $(WORKERS)
 
 # One file, dist/tally.pyz, that runs with python3 of the same minor version on Linux
-# x86_64 (orjson and ua-parser-rs are compiled wheels): `python3 tally.pyz serve`. shiv
+# x86_64 (orjson and google-re2 are compiled wheels): `python3 tally.pyz serve`. shiv
 # builds it with pip, from the pip cache or PyPI; tests/test_dist.py builds and runs it.
 PYZ ?= dist/tally.pyz
 dist: install
@@ -41,7 +41,7 @@ BINARY ?= dist/tally
 BINARY_VENV := build/binary-venv
 BINARY_PACKAGES := app cli config vocabulary storage api attribution tracker dashboard \
 	metrics serving quota enrichment ingest reports validation \
-	iso4217 pycountry iptocc crawlerdetect re2 ua_parser ua_parser_builtins ua_parser_rs falcon \
+	iso4217 pycountry iptocc crawlerdetect re2 ua_parser ua_parser_builtins falcon \
 	gunicorn stripe jinja2 argon2 prometheus_client pythonjsonlogger psycopg psycopg_binary psycopg_pool
 dist-binary:
 	test -x $(BINARY_VENV)/bin/python || $(PYTHON) -m venv $(BINARY_VENV)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import iptocc
 import pytest
 
@@ -219,12 +221,21 @@ def test_memo_is_bounded_in_entries_and_key_length():
     assert long_key not in memo and calls.count(long_key) == 2
 
 
+@functools.cache
+def _reference_parser():
+    """ua-parser's reference resolver: every uap-core expression as written, in Python's re,
+    tried in table order."""
+    from ua_parser import BasicResolver, Parser
+    from ua_parser.loaders import load_builtins
+
+    return Parser(BasicResolver(load_builtins()))
+
+
 def _with_device_table(ua: str) -> str:
     """The device type as ua-parser's full device table decided it before it was left out."""
-    import ua_parser
     from ua_parser import Domain
 
-    result = ua_parser.parser(ua, Domain.ALL)
+    result = _reference_parser()(ua, Domain.ALL)
     family = result.device.family if result.device else ""
     os_family = result.os.family if result.os else None
     if family == "iPad" or "Tablet" in family or "Tablet" in ua or "iPad" in ua:
@@ -249,3 +260,25 @@ def test_puffin_tablets_are_tablets_as_the_device_table_said(build):
     ua = ("Mozilla/5.0 (X11; U; Linux x86_64; en-US) AppleWebKit/537.36 (KHTML, like Gecko)"
           f" Chrome/120 Safari/537.36 Puffin/9.0.0.50263{build}")
     assert describe_agent(ua)[2] == _with_device_table(ua)
+
+
+# The filter in front of the expressions loosens ".{0,100}" to ".*", so the first expression
+# it names can fail as written: the next one in table order must answer (here "CFNetwork"
+# with more than 100 characters before "Darwin/" is not iOS, and the OS comes from "CrOS").
+@pytest.mark.parametrize("ua", [
+    CHROME_WINDOWS, EDGE, SAFARI_MAC, FIREFOX_LINUX, IPHONE, IPAD, ANDROID_PHONE, ANDROID_TABLET,
+    "MyApp/2.1 CFNetwork/1410.0.3 Darwin/22.6.0",
+    "MyApp/2.1 CFNetwork/1410.0.3 " + "x" * 120 + " Darwin/22.6.0",
+    "Mozilla/5.0 (X11; CrOS x86_64 15633.69.0) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/"
+    + "1" * 110 + " Safari/537.36 CitrixChromeApp",
+    "CrOS x86_64 15633.69.0 CFNetwork/81 " + "y" * 101 + " Darwin/17151",
+    "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
+    "curl/8.4.0", "python-requests/2.31.0", "",
+])
+def test_browser_and_os_are_the_reference_parsers(ua):
+    from ua_parser import Domain
+
+    expected = _reference_parser()(ua, Domain.USER_AGENT | Domain.OS)
+    family = [None if part is None or part.family == "Other" else part.family
+              for part in (expected.user_agent, expected.os)]
+    assert list(describe_agent(ua)[:2]) == family
