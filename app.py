@@ -17,6 +17,7 @@ from functools import partial
 
 import falcon
 
+import metrics
 from api import errors, media
 from api.auth import Authenticator, key_scope
 from api.collect import build_collect
@@ -113,8 +114,9 @@ class Tally:
         media.install(self.wsgi)
         errors.install(self.wsgi)
         if config.metrics_token:
-            # Counting each request by route costs ~17 us (prometheus-client's files under
-            # gunicorn); with /metrics off nobody could read the counts.
+            # Counting costs a request ~17 us by route and ~6 us by events (prometheus-client's
+            # files under gunicorn); with /metrics off nobody could read the counts.
+            metrics.enable()
             self.wsgi.add_middleware(RequestMetrics())
         self.wsgi.add_middleware(ReleaseConnection(db))
         self.wsgi.add_route("/metrics", MetricsResource(config.metrics_token, db))

@@ -2,7 +2,8 @@
 
 Off (404) unless TALLY_METRICS_TOKEN is set; then it requires `Authorization: Bearer
 <token>`. Database and WAL sizes are read at each scrape (SQLite: the files; PostgreSQL:
-its tables and indexes, and no WAL of Tally's own).
+its tables and indexes, and no WAL of Tally's own). prometheus-client is imported only when
+metrics are on (metrics.enable).
 """
 
 from __future__ import annotations
@@ -10,12 +11,8 @@ from __future__ import annotations
 import hmac
 import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, values
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.multiprocess import MultiProcessCollector
-
+import metrics
 from api.errors import not_found, unauthorized
-from metrics import LOCAL, REPORT_SECONDS, REQUESTS
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 REPORT_ROUTES = "/api/v1/stats/"
@@ -26,6 +23,8 @@ class DatabaseSizes:
         self.db = db
 
     def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
         try:
             database, wal = self.db.size_bytes()
         except Exception:  # noqa: BLE001 - a scrape reports what it can; the database may be down
@@ -48,10 +47,15 @@ class MetricsResource:
         given = (req.get_header("Authorization") or "").encode()
         if not hmac.compare_digest(given, b"Bearer " + self.token):
             raise unauthorized("a valid metrics token is required")
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
         resp.content_type = CONTENT_TYPE_LATEST
         resp.data = generate_latest(self.registry())
 
-    def registry(self) -> CollectorRegistry:
+    def registry(self):
+        from prometheus_client import CollectorRegistry, values
+        from prometheus_client.multiprocess import MultiProcessCollector
+
         registry = CollectorRegistry()
         if values.ValueClass is values.MutexValue:  # no multiprocess folder: this process only
             registry.register(_Local())
@@ -63,7 +67,7 @@ class MetricsResource:
 
 class _Local:
     def collect(self):
-        return LOCAL.collect()
+        return metrics.LOCAL.collect()
 
 
 class RequestMetrics:
@@ -75,8 +79,8 @@ class RequestMetrics:
     def process_response(self, req, resp, resource, req_succeeded):
         route = req.uri_template or "unmatched"
         method = req.method if req.method in METHODS else "other"
-        REQUESTS.labels(route, method, str(resp.status_code)).inc()
+        metrics.REQUESTS.labels(route, method, str(resp.status_code)).inc()
         if route.startswith(REPORT_ROUTES):
             started = getattr(req.context, "metrics_started", None)
             if started is not None:
-                REPORT_SECONDS.labels(route).observe(time.monotonic() - started)
+                metrics.REPORT_SECONDS.labels(route).observe(time.monotonic() - started)

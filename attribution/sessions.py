@@ -108,9 +108,6 @@ class _Session:
         self.custom_events = 0
         self.landing = landing  # new sessions, and stored ones an earlier event reached
 
-    def covers(self, ts: int) -> bool:
-        return self.started_at - SESSION_GAP_MS <= ts <= self.last_seen_at + SESSION_GAP_MS
-
 
 class _Visits:
     """The sessions one batch can reach, by (site, visitor id), kept current in memory."""
@@ -227,13 +224,13 @@ class SessionWriter:
         identifies = []
         wanted: dict[int, list] = {}  # site -> [visitor ids looked up, first ts, last ts]
         for index, hit in enumerate(hits):
-            site_id, visitor, ts = hit.site_id, hit.visitor_id, hit.ts
+            # Unpacked in one step: a NamedTuple's field names are Python-level lookups.
+            site_id, visitor, ts, name, _, _, _, _, _, _, uid, previous = hit
             if not visitor:
                 continue
-            previous = hit.previous_visitor_id
-            if hit.name == IDENTIFY:
+            if name == IDENTIFY:
                 identifies.append(hit)
-                if not (hit.uid and previous):
+                if not (uid and previous):
                     continue
                 visitor = None  # it looks up yesterday's id only
             else:
@@ -274,28 +271,34 @@ class SessionWriter:
             if site_id not in hosts:
                 hosts[site_id] = (self._site_hosts(conn, site_id), {})
             site_hosts, touches = hosts[site_id]
+            visitor = key[1]
             current: _Session | None = None
+            # current's span widened by the gap: an event within it continues current.
+            low = high = 0
             for index in indexes:
                 hit = hits[index]
-                ts = hit.ts
-                if current is None or not current.covers(ts):
-                    current = find(site_id, key[1], hit.previous_visitor_id, ts)
+                ts = hit[2]
+                if current is None or not low <= ts <= high:
+                    current = find(site_id, visitor, hit[11], ts)
                     if current is None:
                         current = open_session(key, ts, landing_of(hit, site_hosts, touches))
                     elif current.stored_start is not None:
                         touched[current.id] = current
+                    if visitor not in current.visitor_ids:
+                        link(current, key)
+                    session_id = current.id
                 if ts < current.started_at:
                     current.started_at = ts
                     current.landing = landing_of(hit, site_hosts, touches)
                 if ts > current.last_seen_at:
                     current.last_seen_at = ts
-                if hit.name == PAGEVIEW:
+                low = current.started_at - SESSION_GAP_MS
+                high = current.last_seen_at + SESSION_GAP_MS
+                if hit[3] == PAGEVIEW:
                     current.pageviews += 1
                 else:
                     current.custom_events += 1
-                if key[1] not in current.visitor_ids:
-                    link(current, key)
-                session_ids[index] = current.id
+                session_ids[index] = session_id
         renamed = visits.final_ids()
         if renamed:
             session_ids = [renamed.get(sid, sid) for sid in session_ids]

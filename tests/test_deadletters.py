@@ -70,6 +70,7 @@ def titled(titles: list[str]):
 
 def dead_lettered() -> float:
     """tally_events_total{outcome="dead_lettered"} of this process (what /metrics adds up)."""
+    metrics.enable()  # as an app with /metrics on does
     return metrics.LOCAL.get_sample_value("tally_events_total", {"outcome": "dead_lettered"}) or 0
 
 

@@ -1,5 +1,6 @@
 """A worker imports only what it uses: the libraries of the dashboard (jinja2, argon2) and
-of the Stripe webhook (stripe, requests) load on their first use, not with the app."""
+of the Stripe webhook (stripe, requests) load on their first use, not with the app, and
+prometheus-client when an app with /metrics on is made."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 from tests.conftest import REPO
 
-LATER = ("stripe", "requests", "jinja2", "argon2")
+LATER = ("stripe", "requests", "jinja2", "argon2", "prometheus_client")
 
 
 def test_the_app_imports_without_the_libraries_of_pages_and_webhooks():
