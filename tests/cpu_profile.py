@@ -3,6 +3,7 @@ once reaped), appended as "seconds nodeid" lines to the file TEST_CPU_LOG names:
 `TEST_CPU_LOG=/tmp/cpu.log make test PYTEST_ADDOPTS='-p tests.cpu_profile'`, then
 `python scripts/cpu_report.py /tmp/cpu.log`. The suite's CPU divided by the cores is the
 floor of its wall time on a quiet machine, whatever else the machine was doing meanwhile.
+The PostgreSQL server's own CPU is not in it (its processes are not the tests' children).
 """
 
 from __future__ import annotations
