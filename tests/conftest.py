@@ -422,6 +422,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# A test's server reads within WAIT, not the service's default budget (config.READ_BUDGET):
+# on a loaded machine a report can take longer than that, and no test asserts the default
+# (tests/test_read_budget.py sets its own). A test passes TALLY_READ_BUDGET to change it.
+SERVER_ENV = {"TALLY_READ_BUDGET": str(WAIT)}
+
+
 class Server:
     """A real gunicorn serving app:app from the repo root, with gunicorn.conf.py."""
 
@@ -438,7 +444,8 @@ class Server:
         self.proc = subprocess.Popen(
             [str(BIN / "gunicorn"), "--bind", f"127.0.0.1:{self.port}", "--workers", str(workers),
              app],
-            cwd=REPO, env={**_without_database(os.environ), **database_env(db), **(env or {})},
+            cwd=REPO, env={**_without_database(os.environ), **SERVER_ENV, **database_env(db),
+                           **(env or {})},
             stdout=self._log, stderr=subprocess.STDOUT,
         )
 

@@ -12,7 +12,16 @@ import pytest
 from tally_client import Tally, TallyError
 
 from quota.usage import month_of
-from tests.conftest import WAIT, WriteLock, cli_json, execute, rows, run_cli, wait_until
+from tests.conftest import (
+    WAIT,
+    Server,
+    WriteLock,
+    cli_json,
+    execute,
+    rows,
+    run_cli,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +66,30 @@ class Errors:
     def __call__(self, error, batch):
         with self.lock:
             self.calls.append((error, batch))
+
+
+@pytest.fixture(scope="module")
+def plain_servers(module_database):
+    """One plain 2-worker server per backend for the module, for the tests that count only
+    events of names of their own."""
+    started = {}
+
+    def served_on(backend: str):
+        if backend not in started:
+            db = module_database(backend)
+            run_cli("init", db=db)
+            started[backend] = (Server(db, workers=2).wait_ready(), db)
+        return started[backend]
+
+    yield served_on
+    for server, _ in started.values():
+        server.stop()
+
+
+@pytest.fixture
+def plain(plain_servers, backend):
+    """(server, db): the module's plain server on the test's backend."""
+    return plain_servers(backend)
 
 
 # Enough to fill the server's queues of 500 many times over; after the first 503 each
@@ -190,10 +223,9 @@ def test_a_payment_is_retried_after_a_503_and_stored_once(db_path, tmp_path, ser
     client.close()
 
 
-def test_close_under_load_leaves_nothing_queued(db_path, server_factory):
-    db = db_path
+def test_close_under_load_leaves_nothing_queued(plain):
+    server, db = plain
     ids = make_site(db)
-    server = server_factory(db, workers=2)
     client = Tally(server.url, ids["key"], ids["site"], flush_interval=0.05)
     stop = threading.Event()
     queued = [0] * 4
@@ -215,10 +247,9 @@ def test_close_under_load_leaves_nothing_queued(db_path, server_factory):
     assert wait_stored(db, sum(queued)) == sum(queued)
 
 
-def test_a_forked_child_sends_its_own_events(db_path, server_factory):
-    db = db_path
+def test_a_forked_child_sends_its_own_events(plain):
+    server, db = plain
     ids = make_site(db)
-    server = server_factory(db, workers=1)
     client = Tally(server.url, ids["key"], ids["site"], flush_interval=0.05)
     client.event("parent", URL, ip="203.0.113.7", ua=UA)
     assert client.flush(timeout=WAIT)
@@ -234,10 +265,9 @@ def test_a_forked_child_sends_its_own_events(db_path, server_factory):
     assert wait_stored(db, 2, "parent") == 2
 
 
-def test_sync_mode_sends_in_the_calling_thread(db_path, server_factory):
-    db = db_path
+def test_sync_mode_sends_in_the_calling_thread(plain):
+    server, db = plain
     ids = make_site(db)
-    server = server_factory(db, workers=1)
     client = Tally(server.url, ids["key"], ids["site"], sync=True)
     assert client.event("sync", URL, ip="203.0.113.7", ua=UA)
     assert client.stats["sent"] == 1 and client._thread is None

@@ -186,7 +186,7 @@ def test_every_form_post_refuses_a_missing_or_wrong_csrf_token(world, path, suff
     client = world["client"]
     if suffix != "login":
         sign_in(client, "owner-a@example.com")
-    keys = cli_json("key", "list", "--site", world["a"]["site"], db=world["db"])["keys"]
+    keys = world["tally"].directory.list_keys(world["a"]["site"])
     concrete = concrete_path(path, world, world["a"]["site"], keys[0]["id"])
     body = {"email": "owner-a@example.com", "password": seed.PASSWORD, "host": "new.test",
             "scope": "read", "role": "viewer", "confirm": world["a"]["host"], "revenue": "1"}

@@ -18,6 +18,7 @@ from app import create_app
 from config import Config, ConfigError
 from tests.conftest import (
     BIN,
+    SERVER_ENV,
     WAIT,
     WriteLock,
     _without_database,
@@ -99,8 +100,8 @@ class Served:
         self.proc = subprocess.Popen(
             [str(BIN / "tally"), "serve", "--bind", f"127.0.0.1:{self.port}", "--workers", "2"],
             cwd=tmp_path, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**_without_database(os.environ), **database_env(db), "TMPDIR": str(self.tmpdir),
-                 **env})
+            env={**_without_database(os.environ), **SERVER_ENV, **database_env(db),
+                 "TMPDIR": str(self.tmpdir), **env})
         deadline = time.monotonic() + WAIT
         while True:
             assert self.proc.poll() is None, self.log()

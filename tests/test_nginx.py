@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import (
     BIN,
     REPO,
+    SERVER_ENV,
     WAIT,
     _without_database,
     bearer,
@@ -129,7 +130,7 @@ class Stack:
         self.serve = subprocess.Popen(
             [str(BIN / "tally"), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
             cwd=tmp, stdout=self.log, stderr=subprocess.STDOUT,
-            env={**_without_database(os.environ), **database_env(db),
+            env={**_without_database(os.environ), **SERVER_ENV, **database_env(db),
                  "TALLY_FLUSH_INTERVAL": "0.2"})
         deadline = time.monotonic() + WAIT
         while True:

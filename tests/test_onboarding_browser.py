@@ -18,6 +18,7 @@ from tests import dashboard_seed as seed
 from tests.conftest import (
     BIN,
     REPO,
+    SERVER_ENV,
     WAIT,
     _without_database,
     bearer,
@@ -45,7 +46,7 @@ class TallyServe:
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
             [str(BIN / "tally"), "serve", "--bind", f"127.0.0.1:{self.port}", "--workers", "2"],
-            cwd=REPO, env={**_without_database(os.environ), **database_env(db)},
+            cwd=REPO, env={**_without_database(os.environ), **SERVER_ENV, **database_env(db)},
             stdout=self._log, stderr=subprocess.STDOUT)
 
     def log(self) -> str:

@@ -8,26 +8,48 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from tests.conftest import WAIT, bearer, cli_json, http, rows
+from tests.conftest import WAIT, Server, bearer, cli_json, http, rows
 from tests.test_payments_http import FULL, body_of_size
 
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def servers(module_database):
+    """One 4-worker server per backend for the module, started when a test first asks."""
+    started = {}
+
+    def served_on(backend: str):
+        if backend not in started:
+            db = module_database(backend)
+            cli_json("init", db=db)
+            started[backend] = (Server(db, workers=4).wait_ready(), db)
+        return started[backend]
+
+    yield served_on
+    for server, _ in started.values():
+        server.stop()
+
+
 @pytest.fixture
-def served(db_path, server_factory):
-    account = cli_json("account", "create", "--name", "Shop", db=db_path)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "shop.test", db=db_path)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "payments", db=db_path)["key"]
-    return server_factory(db_path, workers=4), key
+def served(servers, backend):
+    """(server, key, count): the module's server on the test's backend and a site of the
+    test's own, whose rows count(table) counts."""
+    server, db = servers(backend)
+    account = cli_json("account", "create", "--name", "Shop", db=db)
+    site = cli_json("site", "create", "--account", account["id"], "--host", "shop.test", db=db)
+    key = cli_json("key", "create", "--site", site["id"], "--scope", "payments", db=db)["key"]
+
+    def count(table: str) -> int:
+        sql = (f"SELECT count(*) AS n FROM {table} t"  # noqa: S608 - fixed names
+               " JOIN sites s ON s.id = t.site_id WHERE s.public_id = ?")
+        return rows(db, sql, (site["id"],))[0]["n"]
+
+    return server, key, count
 
 
-def count(db_path: str, table: str) -> int:
-    return rows(db_path, f"SELECT count(*) AS n FROM {table}")[0]["n"]  # noqa: S608 - fixed names
-
-
-def test_32_concurrent_identical_payments_store_one(served, db_path):
-    server, key = served
+def test_32_concurrent_identical_payments_store_one(served):
+    server, key, count = served
     body = orjson.dumps(FULL)
     headers = {**bearer(key), "Content-Type": "application/json"}
 
@@ -39,7 +61,7 @@ def test_32_concurrent_identical_payments_store_one(served, db_path):
     assert [status for status, _, _ in answers] == [200] * 32, [b for _, _, b in answers]
     assert {orjson.loads(b)["data"]["payment_id"] for _, _, b in answers} == {FULL["payment_id"]}
     for table in ("payments", "customers", "subscriptions", "subscription_observations"):
-        assert count(db_path, table) == 1, table
+        assert count(table) == 1, table
 
 
 def raw_request(server, head: str, body: bytes = b"") -> bytes:
@@ -57,8 +79,8 @@ def raw_request(server, head: str, body: bytes = b"") -> bytes:
     return b"".join(chunks)
 
 
-def test_content_length_over_the_limit_is_refused_without_reading_the_body(served, db_path):
-    server, key = served
+def test_content_length_over_the_limit_is_refused_without_reading_the_body(served):
+    server, key, count = served
     head = ("POST /api/v1/payments HTTP/1.1\r\nHost: shop.test\r\n"
             f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
             "Content-Length: 100000000\r\nConnection: close\r\n")
@@ -66,13 +88,13 @@ def test_content_length_over_the_limit_is_refused_without_reading_the_body(serve
     answer = raw_request(server, head, b'{"payment_id": ')
     assert answer.startswith(b"HTTP/1.1 413 ")
     assert b'"code":"invalid_input"' in answer
-    assert count(db_path, "payments") == 0
+    assert count("payments") == 0
 
 
 @pytest.mark.parametrize("size, status", [(65_536, 200), (65_537, 413)])
-def test_64_kib_edge_through_gunicorn(served, db_path, size, status):
-    server, key = served
+def test_64_kib_edge_through_gunicorn(served, size, status):
+    server, key, count = served
     headers = {**bearer(key), "Content-Type": "application/json"}
     got, _, body = http("POST", server.url + "/api/v1/payments", body_of_size(size), headers)
     assert got == status, body
-    assert count(db_path, "payments") == (1 if status == 200 else 0)
+    assert count("payments") == (1 if status == 200 else 0)
