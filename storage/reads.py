@@ -56,6 +56,10 @@ class ReadPool:
         self._lock = threading.Lock()
         self._asked = 0  # reads asked for and not yet answered
 
+    def call(self, read: Callable[..., T], *args) -> T:
+        """`read(db, *args)` on a read thread (storage/read_processes.py: in a process)."""
+        return self.run(lambda: read(self.db, *args))
+
     def run(self, read: Callable[[], T]) -> T:
         asked = self.clock()
         # The caller waits without a connection: on PostgreSQL one held while waiting would
