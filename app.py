@@ -143,7 +143,8 @@ class Tally:
         # (storage/read_processes.py); else on threads of this process.
         self.reads, self.anonymous_reads = (
             ReadProcesses(config, config.read_budget, processes=config.read_threads,
-                          nice=config.read_nice) if read_processes else
+                          nice=config.read_nice, preload=("api.stats", "dashboard.web"))
+            if read_processes else
             ReadPool(db, config.read_budget, check_steps=config.read_budget_check_steps,
                      threads=config.read_threads, nice=config.read_nice) for _ in range(2))
         self.services += [self.reads, self.anonymous_reads]

@@ -230,7 +230,9 @@ class Service:
         raise RuntimeError(f"gunicorn not ready after {timeout} s: {self.log_tail()}")
 
     def worker_pids(self) -> list[int]:
-        return children(self.proc.pid)
+        """The workers and their children (the read processes), whose CPU is the server's."""
+        workers = children(self.proc.pid)
+        return workers + [pid for worker in workers for pid in children(worker)]
 
     def log_tail(self, lines: int = 20) -> str:
         self._log.flush()

@@ -19,6 +19,7 @@ closes, so none outlives its worker by more than one read's budget.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import pickle
@@ -36,6 +37,7 @@ from storage.reads import ReadsBusy
 
 log = logging.getLogger("tally")
 GRACE = 2.0
+STARTING = 60.0  # seconds a new read process may take to be ready (a loaded machine)
 _HEADER = struct.Struct("!I")
 
 
@@ -54,12 +56,16 @@ def _receive(stream) -> bytes | None:
 
 
 class _Child:
-    def __init__(self, config, nice: int):
+    def __init__(self, config, nice: int, preload: tuple[str, ...]):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from storage.read_processes import serve; serve()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-        _send(self.proc.stdin, pickle.dumps((config, nice)))
+        _send(self.proc.stdin, pickle.dumps((config, nice, preload)))
+        ready, _, _ = select.select([self.proc.stdout], [], [], STARTING)
+        if not ready or _receive(self.proc.stdout) != b"ready":
+            self.end()
+            raise OSError("the read process did not start")
 
     def ask(self, request: bytes, wait: float) -> bytes | None:
         """The answer, or None when the process died; TimeoutError past `wait`."""
@@ -83,8 +89,11 @@ class ReadProcesses:
     """`call(read, *args)`: `read(db, *args)` in a read process, within the budget."""
 
     def __init__(self, config, seconds: float | None, *, processes: int = 1, nice: int = 10,
-                 clock: Callable[[], float] = time.monotonic):
+                 preload: tuple[str, ...] = (), clock: Callable[[], float] = time.monotonic):
+        """`preload`: the modules of the reads, imported before a process says it is
+        ready, so that no read's budget pays for them."""
         self.config = config
+        self.preload = preload
         self.seconds = seconds
         self.processes = processes
         self.nice = nice
@@ -96,7 +105,9 @@ class ReadProcesses:
 
     def call(self, read: Callable[..., Any], *args: Any) -> Any:
         asked = self.clock()
-        child = self._take(asked)
+        child, fresh = self._take(asked)
+        if fresh:  # the budget is the read's: a process's start is not counted in it
+            asked = self.clock()
         try:
             payload = pickle.dumps((read, args, self.clock() - asked))
             limit = None if self.seconds is None else self.seconds + GRACE
@@ -122,13 +133,14 @@ class ReadProcesses:
             raise ReadBudgetExceeded(value)
         raise value
 
-    def _take(self, asked: float) -> _Child:
+    def _take(self, asked: float) -> tuple[_Child, bool]:
+        """(a process, whether it was started for this read)."""
         with self._free:
             if self._pid != os.getpid():  # a fork's parent's processes are not ours
                 self._idle, self._started, self._pid = [], 0, os.getpid()
             while True:
                 if self._idle:
-                    return self._idle.pop()
+                    return self._idle.pop(), False
                 if self._started < self.processes:
                     self._started += 1
                     break
@@ -138,7 +150,7 @@ class ReadProcesses:
                         f"no read process was free within the {self.seconds:g} s budget")
                 self._free.wait(left)
         try:
-            return _Child(self.config, self.nice)
+            return _Child(self.config, self.nice, self.preload), True
         except OSError as exc:
             with self._free:
                 self._started -= 1
@@ -180,13 +192,16 @@ def serve() -> None:
     setup = _receive(stdin)
     if setup is None:
         return
-    config, nice = pickle.loads(setup)
+    config, nice, preload = pickle.loads(setup)
+    for module in preload:
+        importlib.import_module(module)
     if nice:
         try:
             os.nice(nice)
         except OSError:
             pass
     db = open_database(config)
+    _send(stdout, b"ready")
     seconds = config.read_budget
     check_steps = getattr(config, "read_budget_check_steps", READ_BUDGET_CHECK_STEPS)
     try:
