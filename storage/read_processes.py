@@ -39,6 +39,7 @@ log = logging.getLogger("tally")
 GRACE = 2.0
 STARTING = 60.0  # seconds a new read process may take to be ready (a loaded machine)
 _HEADER = struct.Struct("!I")
+FROZEN_ARGUMENT = "--tally-read-process"
 
 
 def _send(stream, payload: bytes) -> None:
@@ -58,8 +59,11 @@ def _receive(stream) -> bytes | None:
 class _Child:
     def __init__(self, config, nice: int, preload: tuple[str, ...]):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # A PyInstaller binary has no `-c`: it runs serve() when given FROZEN_ARGUMENT.
+        command = ([sys.executable, FROZEN_ARGUMENT] if getattr(sys, "frozen", False) else
+                   [sys.executable, "-c", "from storage.read_processes import serve; serve()"])
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from storage.read_processes import serve; serve()"],
+            command,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         _send(self.proc.stdin, pickle.dumps((config, nice, preload)))
         ready, _, _ = select.select([self.proc.stdout], [], [], STARTING)

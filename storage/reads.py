@@ -1,5 +1,7 @@
 """Reads over HTTP run on a few threads of their own, at a lower CPU priority than the
-threads that take in events, each under its read budget (Database.read_budget).
+threads that take in events, each under its read budget (Database.read_budget). The
+server runs them in read processes instead (storage/read_processes.py), where they do not
+share the worker's GIL; the application built in code (the tests) keeps these threads.
 
 A gunicorn worker serves ingestion and reads on the same request threads. A report that
 counts live keeps a core busy until its budget runs out, and ten of them at once would
