@@ -143,6 +143,9 @@ def test_reads_under_gunicorn_run_in_read_processes_that_go_with_the_server(
                         {**bearer(key), "Content-Type": "application/json"})
     assert status == 204
     assert wait_until(lambda: _visitors(server, key)[1].get("data", {}).get("pageviews") == 1)
+    status, _, body = http("GET", server.url + "/api/v1/stats/aggregate?filters=bogus",
+                           headers=bearer(key))  # the process's exception, answered as here
+    assert status == 400 and orjson.loads(body)["error"]["code"] == "invalid_input"
     workers = children(server.proc.pid)
     processes = read_processes(workers)
     assert processes  # the read was answered by one, a child of a worker
