@@ -44,6 +44,7 @@ from storage.directory import Directory
 from storage.events import make_event_months
 from storage.funnels import Funnels
 from storage.payments import PaymentStore
+from storage.read_processes import ReadProcesses
 from storage.reads import ReadPool
 from storage.stripe import StripeStore
 from tasks import Task, Tasks
@@ -101,7 +102,7 @@ class Tally:
     """The WSGI callable plus the lifecycle of its background work."""
 
     def __init__(self, config: Config, db: Database, clock: Callable[[], float],
-                 random_bytes: Callable[[int], bytes]):
+                 random_bytes: Callable[[int], bytes], *, read_processes: bool = False):
         self.config = config
         self.db = db
         self.clock = clock
@@ -139,9 +140,13 @@ class Tally:
         self.stripe_webhook = StripeWebhook(self.directory, StripeStore(db, clock))
         self.wsgi.add_route("/api/v1/integrations/stripe/{site_id}", self.stripe_webhook)
         # Every read over HTTP (a report, a dashboard page) runs on these, in its budget:
-        # the site's own users and keys on one set of threads, shared links' anonymous
-        # viewers on another, so they cannot take the owner's.
+        # the site's own users and keys on one set, shared links' anonymous viewers on
+        # another, so they cannot take the owner's. Under the server, in read processes
+        # (storage/read_processes.py); else on threads of this process.
         self.reads, self.anonymous_reads = (
+            ReadProcesses(config, config.read_budget, processes=config.read_threads,
+                          nice=config.read_nice, preload=("api.stats", "dashboard.web"))
+            if read_processes else
             ReadPool(db, config.read_budget, check_steps=config.read_budget_check_steps,
                      threads=config.read_threads, nice=config.read_nice) for _ in range(2))
         self.services += [self.reads, self.anonymous_reads]
@@ -201,14 +206,17 @@ def create_app(
     db: Database | None = None,
     clock: Callable[[], float] = time.time,
     random_bytes: Callable[[int], bytes] = secrets.token_bytes,
+    read_processes: bool = False,
 ) -> Tally:
+    """`read_processes`: reads over HTTP in processes of their own (the server's way),
+    else on threads of this process."""
     config = config or Config()
     db = db or open_database(config)
-    return Tally(config, db, clock, random_bytes)
+    return Tally(config, db, clock, random_bytes, read_processes=read_processes)
 
 
 def create_app_from_env() -> Tally:
-    return create_app(Config.from_env())
+    return create_app(Config.from_env(), read_processes=True)
 
 
 app = create_app_from_env()

@@ -51,9 +51,8 @@ class StatsResource:
         try:
             csv = self.report in CSV_REPORTS and wants_csv(params, req.get_header("Accept"))
             # Past the budget, ReadBudgetExceeded: 422 query_too_expensive (api.errors).
-            data = self.reads.run(lambda: run_report(
-                self.report, self.db, site_id, params, now,
-                max_delay_seconds=self.flush_interval))
+            data = self.reads.call(_report, self.report, site_id, params, now,
+                                   self.flush_interval)
         except InvalidReportParameter as exc:
             raise invalid_input(str(exc)) from None
         if csv:
@@ -62,6 +61,11 @@ class StatsResource:
             resp.data = as_csv(self.report, data).encode()
             return
         resp.media = {"ok": True, "data": data}
+
+
+def _report(db: Database, report: str, site_id: int, params: dict, now: float,
+            flush_interval: float):
+    return run_report(report, db, site_id, params, now, max_delay_seconds=flush_interval)
 
 
 def add_stats_routes(app, auth: Authenticator, db: Database, clock: Callable[[], float],

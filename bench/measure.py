@@ -96,11 +96,17 @@ def wrk_version() -> str:
 
 
 def children(pid: int) -> list[int]:
+    """Children of any of the process's threads (a read process is a request thread's)."""
+    found = []
     try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                found += [int(x) for x in (task / "children").read_text().split()]
+            except OSError:
+                continue
     except OSError:
         return []
-    return [int(x) for x in text.split()]
+    return found
 
 
 def cpu_seconds(pid: int, thread: int | None = None) -> float | None:
@@ -230,7 +236,9 @@ class Service:
         raise RuntimeError(f"gunicorn not ready after {timeout} s: {self.log_tail()}")
 
     def worker_pids(self) -> list[int]:
-        return children(self.proc.pid)
+        """The workers and their children (the read processes), whose CPU is the server's."""
+        workers = children(self.proc.pid)
+        return workers + [pid for worker in workers for pid in children(worker)]
 
     def log_tail(self, lines: int = 20) -> str:
         self._log.flush()

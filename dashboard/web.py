@@ -186,11 +186,12 @@ class Dashboard:
                            message="This form is missing its security token or it has expired. "
                                    "Go back, reload the page and try again."), 403)
 
-    def _read(self, resp, read: Callable[[], object], user: SignedIn | None, back: str):
-        """(True, read()) run on a read thread within the budget; or (False, None) with
-        the page written that says why there are no figures."""
+    def _read(self, resp, read: Callable[..., object], user: SignedIn | None, back: str,
+              *args):
+        """(True, read(db, *args)) run by the reads within the budget; or (False, None)
+        with the page written that says why there are no figures."""
         try:
-            return True, (self.reads if user else self.anonymous_reads).run(read)
+            return True, (self.reads if user else self.anonymous_reads).call(read, *args)
         except ReadBudgetExceeded as exc:
             text = too_expensive(exc.seconds)
             _html(resp, render("message.html", title="Too much to count", user=user,
@@ -363,18 +364,11 @@ class Dashboard:
         now = self.clock()
         period = resolve({"period": "30d"}, utc_today(now))
         sites = self.users.sites_of(user.account_ids)
-        def figures() -> None:
-            for site in sites:
-                reports = Reports(self.db, site["row_id"], now)
-                traffic = reports.get("aggregate", period.params()) or {}
-                revenue = reports.get("revenue", period.params())
-                currency = primary_currency(revenue)
-                site["visitors"] = traffic.get("visitors")
-                site["currency"] = currency
-                site["net"] = revenue["currencies"][currency]["net"] if currency else None
-
         try:
-            self.reads.run(figures)
+            figures = self.reads.call(_sites_figures, [site["row_id"] for site in sites], now,
+                                      period)
+            for site, its_figures in zip(sites, figures, strict=True):
+                site.update(its_figures)
         except (ReadBudgetExceeded, ReadsBusy):
             pass  # the list, without the figures there was no time for
         self._home_page(resp, user, sites)
@@ -405,28 +399,17 @@ class Dashboard:
         query = self._query(req)
         period, error = self._view(req, query)
         # An anonymous viewer's filters are counted live (or read if stored), never stored.
-        reports = Reports(self.db, site.id, self.clock(), stores_segments=not shared)
-
-        def figures() -> tuple[dict, str | None]:
-            try:
-                return dashboard_figures(reports, period, filters=query["filters"],
-                                         goal=query["goal"], revenue=revenue), None
-            except InvalidReportParameter as exc:
-                query["filters"] = query["goal"] = ""
-                return dashboard_figures(reports, period, filters="", goal="",
-                                         revenue=revenue), str(exc)
-
-        done, answer = self._read(resp, figures, user, base)
+        done, answer = self._read(resp, _dashboard_figures, user, base, site.id, self.clock(),
+                                  not shared, period, query["filters"], query["goal"], revenue)
         if not done:
             return
-        figures, refused = answer
+        figures, refused, missing, live = answer
+        if refused:
+            query["filters"] = query["goal"] = ""
         error = refused or error
-        live = reports.has("realtime")
-        if not live:
-            reports._note("the realtime report (visitors in the last 5 minutes)")
         body = render("dashboard.html", user=user, site=site, base=base, shared=shared,
                       revenue=revenue, period=period, periods=PERIODS, query=query,
-                      error=error, figures=figures, missing=reports.missing, live=live,
+                      error=error, figures=figures, missing=missing, live=live,
                       chart_json=_chart_json(figures, revenue),
                       active_filters=filter_text.split(query["filters"]),
                       without=filter_text.without,
@@ -451,10 +434,8 @@ class Dashboard:
                         revenue=link.revenue, shared=True)
 
     def _live(self, resp, site_id: int, reads: ReadPool):
-        reports = Reports(self.db, site_id, self.clock())
         try:
-            data = reads.run(
-                lambda: reports.get("realtime", {}) if reports.has("realtime") else None)
+            data = reads.call(_realtime, site_id, self.clock())
         except (ReadBudgetExceeded, ReadsBusy) as exc:
             resp.status = 422 if isinstance(exc, ReadBudgetExceeded) else 503
             resp.content_type = "application/json"
@@ -494,21 +475,16 @@ class Dashboard:
         if not query["period"] and not query["from"] and not query["to"]:
             query["period"] = "12mo"
         period, error = self._view(req, query)
-        reports = Reports(self.db, site.id, self.clock())
         by = req.get_param("by") or "channel"
         if by not in REVENUE_DIMENSIONS:
             by, error = "channel", error or f"by: must be one of {', '.join(REVENUE_DIMENSIONS)}"
         query["by"] = "" if by == "channel" else by
-        done, answer = self._read(resp, lambda: (
-            reports.get("mrr", {"at": period.end.isoformat()}),
-            reports.get("movements", period.params()),
-            reports.get("revenue", {**period.params(), "by": query["by"]},
-                        what="revenue by any first-touch dimension (by=)")),
-            user, f"/sites/{site_id}/revenue")
+        done, answer = self._read(resp, _revenue_figures, user, f"/sites/{site_id}/revenue",
+                                  site.id, self.clock(), period, query["by"])
         if not done:
             return
-        mrr, movements, revenue = answer
-        by_supported = "revenue by any first-touch dimension (by=)" not in reports.missing
+        mrr, movements, revenue, missing = answer
+        by_supported = BY_ANY_DIMENSION not in missing
         if not by_supported:
             by = "channel"
         currencies = sorted(set((mrr or {}).get("currencies", {}))
@@ -531,7 +507,7 @@ class Dashboard:
                                                  by),
                       revenue_by=by, revenue_by_label=by.replace("_", " "),
                       dimensions=REVENUE_DIMENSIONS if by_supported else (),
-                      missing=reports.missing, link=_linker(f"/sites/{site_id}/revenue", query),
+                      missing=missing, link=_linker(f"/sites/{site_id}/revenue", query),
                       title="Revenue · " + (", ".join(sorted(site.hosts)) or site.public_id))
         _html(resp, body, 400 if error else 200)
 
@@ -549,20 +525,9 @@ class Dashboard:
         stored = self.funnels.list(site.id)
         if not query["funnel"] and not query["steps"] and stored:
             query["funnel"] = stored[0]["name"]
-        reports = Reports(self.db, site.id, self.clock())
         base = f"/sites/{site.public_id}"
-
-        def figures() -> tuple[dict | None, str | None]:
-            if not query["funnel"] and not query["steps"]:
-                return None, None
-            params = {**period.params(), "filters": query["filters"],
-                      "funnel": query["funnel"], "steps": query["steps"]}
-            try:
-                return reports.get("funnel", params), None
-            except InvalidReportParameter as exc:
-                return None, str(exc)
-
-        done, answer = self._read(resp, figures, user, base + "/funnels")
+        done, answer = self._read(resp, _funnel_figures, user, base + "/funnels", site.id,
+                                  self.clock(), period, query)
         if not done:
             return
         data, refused = answer
@@ -925,6 +890,66 @@ class Dashboard:
         resp.content_type = kind
         resp.set_header("X-Content-Type-Options", "nosniff")
         resp.data = data
+
+
+# The reads of the pages: called with the Database first by the reads (storage/reads.py,
+# storage/read_processes.py), possibly in another process, so plain data in and out.
+def _sites_figures(db, site_ids: list[int], now: float, period: Period) -> list[dict]:
+    answers = []
+    for site_id in site_ids:
+        reports = Reports(db, site_id, now)
+        traffic = reports.get("aggregate", period.params()) or {}
+        revenue = reports.get("revenue", period.params())
+        currency = primary_currency(revenue)
+        answers.append({"visitors": traffic.get("visitors"), "currency": currency,
+                        "net": revenue["currencies"][currency]["net"] if currency else None})
+    return answers
+
+
+def _dashboard_figures(db, site_id: int, now: float, stores_segments: bool, period: Period,
+                       filters: str, goal: str, revenue: bool):
+    """(figures, the filters' error or None, the reports missing, realtime or not); an
+    anonymous viewer's filters are counted live (or read if stored), never stored."""
+    reports = Reports(db, site_id, now, stores_segments=stores_segments)
+    try:
+        figures, refused = dashboard_figures(reports, period, filters=filters, goal=goal,
+                                             revenue=revenue), None
+    except InvalidReportParameter as exc:
+        figures, refused = dashboard_figures(reports, period, filters="", goal="",
+                                             revenue=revenue), str(exc)
+    live = reports.has("realtime")
+    if not live:
+        reports._note("the realtime report (visitors in the last 5 minutes)")
+    return figures, refused, reports.missing, live
+
+
+BY_ANY_DIMENSION = "revenue by any first-touch dimension (by=)"
+
+
+def _revenue_figures(db, site_id: int, now: float, period: Period, by: str):
+    """(mrr, movements, revenue, the reports missing)."""
+    reports = Reports(db, site_id, now)
+    return (reports.get("mrr", {"at": period.end.isoformat()}),
+            reports.get("movements", period.params()),
+            reports.get("revenue", {**period.params(), "by": by}, what=BY_ANY_DIMENSION),
+            reports.missing)
+
+
+def _funnel_figures(db, site_id: int, now: float, period: Period,
+                    query: dict) -> tuple[dict | None, str | None]:
+    if not query["funnel"] and not query["steps"]:
+        return None, None
+    params = {**period.params(), "filters": query["filters"], "funnel": query["funnel"],
+              "steps": query["steps"]}
+    try:
+        return Reports(db, site_id, now).get("funnel", params), None
+    except InvalidReportParameter as exc:
+        return None, str(exc)
+
+
+def _realtime(db, site_id: int, now: float) -> dict | None:
+    reports = Reports(db, site_id, now)
+    return reports.get("realtime", {}) if reports.has("realtime") else None
 
 
 def _sentence(exc: Exception) -> str:

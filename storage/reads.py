@@ -1,5 +1,7 @@
 """Reads over HTTP run on a few threads of their own, at a lower CPU priority than the
-threads that take in events, each under its read budget (Database.read_budget).
+threads that take in events, each under its read budget (Database.read_budget). The
+server runs them in read processes instead (storage/read_processes.py), where they do not
+share the worker's GIL; the application built in code (the tests) keeps these threads.
 
 A gunicorn worker serves ingestion and reads on the same request threads. A report that
 counts live keeps a core busy until its budget runs out, and ten of them at once would
@@ -55,6 +57,10 @@ class ReadPool:
         self._pid: int | None = None
         self._lock = threading.Lock()
         self._asked = 0  # reads asked for and not yet answered
+
+    def call(self, read: Callable[..., T], *args) -> T:
+        """`read(db, *args)` on a read thread (storage/read_processes.py: in a process)."""
+        return self.run(lambda: read(self.db, *args))
 
     def run(self, read: Callable[[], T]) -> T:
         asked = self.clock()
