@@ -209,6 +209,25 @@ def module_database(tmp_path_factory):
         yield database
 
 
+def servers_per_backend(module_database, workers: int):
+    """The body of a module-scoped fixture: yields served_on(backend) -> (Server, db), one
+    initialised database and one gunicorn of `workers` workers per backend, started when a
+    test first asks and stopped after the module. Tests sharing it count only rows of
+    their own (their own site, or event names of their own)."""
+    started = {}
+
+    def served_on(backend: str):
+        if backend not in started:
+            db = module_database(backend)
+            run_cli("init", db=db)
+            started[backend] = (Server(db, workers=workers).wait_ready(), db)
+        return started[backend]
+
+    yield served_on
+    for server, _ in started.values():
+        server.stop()
+
+
 @pytest.fixture
 def db_path(request, backend, tmp_path) -> str:
     """The test's database: a SQLite file's path, or a PostgreSQL URL (see the module doc)."""

@@ -14,12 +14,12 @@ from tally_client import Tally, TallyError
 from quota.usage import month_of
 from tests.conftest import (
     WAIT,
-    Server,
     WriteLock,
     cli_json,
     execute,
     rows,
     run_cli,
+    servers_per_backend,
     wait_until,
 )
 
@@ -72,18 +72,7 @@ class Errors:
 def plain_servers(module_database):
     """One plain 2-worker server per backend for the module, for the tests that count only
     events of names of their own."""
-    started = {}
-
-    def served_on(backend: str):
-        if backend not in started:
-            db = module_database(backend)
-            run_cli("init", db=db)
-            started[backend] = (Server(db, workers=2).wait_ready(), db)
-        return started[backend]
-
-    yield served_on
-    for server, _ in started.values():
-        server.stop()
+    yield from servers_per_backend(module_database, workers=2)
 
 
 @pytest.fixture

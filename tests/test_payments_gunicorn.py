@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from tests.conftest import WAIT, Server, bearer, cli_json, http, rows
+from tests.conftest import WAIT, bearer, cli_json, http, rows, servers_per_backend
 from tests.test_payments_http import FULL, body_of_size
 
 pytestmark = pytest.mark.slow
@@ -17,18 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def servers(module_database):
     """One 4-worker server per backend for the module, started when a test first asks."""
-    started = {}
-
-    def served_on(backend: str):
-        if backend not in started:
-            db = module_database(backend)
-            cli_json("init", db=db)
-            started[backend] = (Server(db, workers=4).wait_ready(), db)
-        return started[backend]
-
-    yield served_on
-    for server, _ in started.values():
-        server.stop()
+    yield from servers_per_backend(module_database, workers=4)
 
 
 @pytest.fixture
