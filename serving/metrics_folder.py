@@ -3,6 +3,8 @@ workers fork, told when a worker dies, removed when the master exits."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import shutil
 import sys
@@ -24,10 +26,14 @@ def prepare() -> str:
 
 
 def worker_gone(pid: int) -> None:
+    """prometheus_client.multiprocess.mark_process_dead(pid): the dead worker's live gauges
+    go. Done here without importing prometheus-client, which the master does not load: this
+    runs in gunicorn's SIGCHLD handler, and an import there that a second SIGCHLD
+    interrupts fails half-made (gunicorn's master then exits 1 on SIGTERM)."""
     if directory is not None:
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(pid, directory)
+        for path in glob.glob(os.path.join(directory, f"gauge_live*_{pid}.db")):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
 
 
 def remove() -> None:
