@@ -4,13 +4,13 @@ what is stored, and the bounded queue."""
 from __future__ import annotations
 
 import io
-import time
 
 import orjson
 import pytest
+import webtest
 
 from app import create_app
-from tests.conftest import WAIT, WriteLock, bearer, config_for, database_dump, rows
+from tests.conftest import WAIT, WriteLock, bearer, config_for, database_dump, rows, wait_until
 from tests.test_http_foundation import assert_envelope
 
 FIREFOX = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
@@ -303,27 +303,24 @@ def batch_of(site_id: str, count: int, name: str) -> dict:
     return {"s": site_id, "b": [{"e": name, "u": "https://example.com/"}] * count}
 
 
-def wait_until(condition, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
-def test_queue_full_is_503_and_takes_nothing_of_the_request(small_queue, db_path):
-    import webtest
-
-    client = webtest.TestApp(small_queue)
+@pytest.fixture
+def queued(small_queue):
+    """(client, site id, events key) of a new site on the small queue's app."""
     directory = small_queue.directory
     account = directory.create_account("Q", "scale")
     site_id = directory.create_site(account["id"], ["example.com"])["id"]
     key = directory.create_key(site_id, ["events"])["key"]
+    return webtest.TestApp(small_queue), site_id, key
+
+
+def test_queue_full_is_503_and_takes_nothing_of_the_request(small_queue, queued, db_path):
+    client, site_id, key = queued
 
     blocker = WriteLock(db_path)  # the database is locked: nothing can be stored
     try:
         assert post(client, key, batch_of(site_id, 50, "first")).status_int == 204
         assert not small_queue.flusher.flush_now(timeout=0.2)
-        wait_until(lambda: small_queue.flusher.failures >= 1)
+        assert wait_until(lambda: small_queue.flusher.failures >= 1)
         resp = post(client, key, batch_of(site_id, 11, "refused"))
         assert_envelope(resp, 503, "rate_limited")
         assert resp.headers["Retry-After"] == "2"
@@ -339,14 +336,8 @@ def test_queue_full_is_503_and_takes_nothing_of_the_request(small_queue, db_path
     assert post(client, key, batch_of(site_id, 50, "again")).status_int == 204
 
 
-def test_a_batch_the_queue_cannot_take_is_refused_before_it_is_parsed(small_queue, db_path):
-    import webtest
-
-    client = webtest.TestApp(small_queue)
-    directory = small_queue.directory
-    account = directory.create_account("P", "scale")
-    site_id = directory.create_site(account["id"], ["example.com"])["id"]
-    key = directory.create_key(site_id, ["events"])["key"]
+def test_a_batch_the_queue_cannot_take_is_refused_before_it_is_parsed(small_queue, queued, db_path):
+    client, site_id, key = queued
     blocker = WriteLock(db_path)
     try:
         assert post(client, key, batch_of(site_id, 50, "first")).status_int == 204
@@ -377,14 +368,8 @@ def test_a_batch_the_queue_cannot_take_is_refused_before_it_is_parsed(small_queu
         restarted.stop(timeout=5)
 
 
-def test_nothing_is_lost_while_the_database_is_locked(small_queue, db_path):
-    import webtest
-
-    client = webtest.TestApp(small_queue)
-    directory = small_queue.directory
-    account = directory.create_account("L", "scale")
-    site_id = directory.create_site(account["id"], ["example.com"])["id"]
-    key = directory.create_key(site_id, ["events"])["key"]
+def test_nothing_is_lost_while_the_database_is_locked(small_queue, queued, db_path):
+    client, site_id, key = queued
     assert post(client, key, pageview(site_id, e="before")).status_int == 204
     assert small_queue.flusher.flush_now(timeout=WAIT)
 
@@ -396,7 +381,7 @@ def test_nothing_is_lost_while_the_database_is_locked(small_queue, db_path):
                 accepted += 1
             if i % 10 == 0:
                 small_queue.flusher.flush_now(timeout=0.05)
-        wait_until(lambda: small_queue.flusher.failures >= 3)
+        assert wait_until(lambda: small_queue.flusher.failures >= 3)
     finally:
         blocker.release()
     assert accepted == 40
