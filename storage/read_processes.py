@@ -30,10 +30,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-from storage.db import READ_BUDGET_CHECK_STEPS, ReadBudgetExceeded, ReplicaLost, StorageError
-from storage.reads import ReadsBusy
+from storage.db import READ_BUDGET_CHECK_STEPS, ReadBudgetExceeded, StorageError
+from storage.reads import ReadsBusy, read_within_budget
 
 log = logging.getLogger("tally")
 GRACE = 2.0
@@ -213,7 +214,8 @@ def serve() -> None:
             read, args, waited = pickle.loads(request)
             since = time.monotonic() - waited
             try:
-                answer = ("ok", _within_budget(db, seconds, check_steps, since, read, args))
+                answer = ("ok", read_within_budget(
+                    db, partial(read, db, *args), seconds, since=since, check_steps=check_steps))
             except ReadBudgetExceeded as exc:
                 answer = ("budget", exc.seconds)
             except Exception as exc:  # the caller's to answer, as in its own thread
@@ -227,15 +229,3 @@ def serve() -> None:
             _send(stdout, payload)
     finally:
         db.close()
-
-
-def _within_budget(db, seconds, check_steps, since, read, args):
-    def once():
-        with db.read_budget(seconds, check_steps=check_steps, since=since):
-            return read(db, *args)
-
-    try:
-        with db.replica_reads():
-            return once()
-    except ReplicaLost:
-        return once()

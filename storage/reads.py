@@ -37,6 +37,22 @@ log = logging.getLogger("tally")
 T = TypeVar("T")
 
 
+def read_within_budget(db, read: Callable[[], T], seconds: float | None, *, since: float,
+                       check_steps: int = READ_BUDGET_CHECK_STEPS,
+                       clock: Callable[[], float] = time.monotonic) -> T:
+    """`read()` within `seconds` counted from `since` (a reading of `clock`): on the replica
+    while it is usable, and when it fails mid-way on the primary, in what is left."""
+    def once() -> T:
+        with db.read_budget(seconds, check_steps=check_steps, clock=clock, since=since):
+            return read()
+
+    try:
+        with db.replica_reads():
+            return once()
+    except ReplicaLost:
+        return once()
+
+
 class ReadsBusy(StorageBusy):
     """Every read thread stayed taken for the read's whole budget."""
 
@@ -81,19 +97,10 @@ class ReadPool:
         if waited and self.seconds is not None and self.clock() - asked >= self.seconds:
             raise ReadsBusy(f"no read thread was free within the {self.seconds:g} s budget")
         try:
-            try:
-                with self.db.replica_reads():
-                    return self._within_budget(read, asked)
-            except ReplicaLost:
-                # The replica failed: the primary answers, in what is left of the budget.
-                return self._within_budget(read, asked)
+            return read_within_budget(self.db, read, self.seconds, since=asked,
+                                      check_steps=self.check_steps, clock=self.clock)
         finally:
             self.db.release()
-
-    def _within_budget(self, read: Callable[[], T], asked: float) -> T:
-        with self.db.read_budget(self.seconds, check_steps=self.check_steps,
-                                 clock=self.clock, since=asked):
-            return read()
 
     def _pool(self) -> ThreadPoolExecutor:
         with self._lock:
