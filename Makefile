@@ -69,6 +69,12 @@ PYTEST_WORKERS ?= 3
 test: install system-deps
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
+# The tests in headless Chromium on both backends (make test runs them on SQLite only:
+# tests/conftest.py BROWSER_BACKENDS).
+test-browsers: install system-deps
+	BROWSER_BACKENDS="sqlite postgres" $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
+		--dist worksteal -m browser
+
 # The whole suite while stress-ng keeps LOAD_FACTOR x cores CPU-bound processes busy
 # (scripts/test-loaded.sh; stress-ng is installed through apt like system-deps).
 LOAD_FACTOR ?= 2
