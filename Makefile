@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 BIND ?= 127.0.0.1:8000
 WORKERS ?= 2
 
-.PHONY: install system-deps run test test-loaded lint bench bench-dist bench-reads bench-hosts fuzz clean dist dist-binary test-dist-binary
+.PHONY: install system-deps run test test-browsers test-loaded lint bench bench-dist bench-reads bench-hosts fuzz clean dist dist-binary test-dist-binary
 
 install: $(VENV)/.installed
 
