@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 BIND ?= 127.0.0.1:8000
 WORKERS ?= 2
 
-.PHONY: install system-deps run test test-loaded lint bench bench-dist bench-reads bench-hosts fuzz clean dist dist-binary test-dist-binary
+.PHONY: install system-deps run test test-browsers test-loaded lint bench bench-dist bench-reads bench-hosts fuzz clean dist dist-binary test-dist-binary
 
 install: $(VENV)/.installed
 
@@ -68,6 +68,12 @@ system-deps:
 PYTEST_WORKERS ?= 3
 test: install system-deps
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
+
+# The tests in headless Chromium on both backends (make test runs them on SQLite only:
+# tests/conftest.py BROWSER_BACKENDS).
+test-browsers: install system-deps
+	BROWSER_BACKENDS="sqlite postgres" $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
+		--dist worksteal -m browser
 
 # The whole suite while stress-ng keeps LOAD_FACTOR x cores CPU-bound processes busy
 # (scripts/test-loaded.sh; stress-ng is installed through apt like system-deps).

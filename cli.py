@@ -7,10 +7,8 @@ Errors print one line on stderr and exit non-zero.
 from __future__ import annotations
 
 import argparse
-import getpass
 import os
 import re
-import secrets
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -18,50 +16,15 @@ from collections.abc import Callable, Sequence
 import orjson
 
 from config import Config, ConfigError
-from dashboard import passwords
-from dashboard.first_run import setup_url
-from quota.audit import usage_mismatches
-from quota.usage import account_usage, month_of
-from reports.money.amounts import json_ready
-from reports.money.revenue_by import REVENUE_DIMENSIONS
-from reports.segments.filters import COMPARISONS
-from reports.service import run_report
-from reports.shared.csv_text import as_csv
-from reports.shared.params import BREAKDOWN_DIMENSIONS, InvalidReportParameter
-from reports.shared.text import (
-    funnel_lines,
-    goals_lines,
-    mrr_lines,
-    realtime_lines,
-    revenue_lines,
-    timeseries_lines,
-    traffic_lines,
-)
-from reports.timeseries import INTERVALS
-from storage import deadletters
 from storage.backend import open_database
-from storage.check import run_checks
 from storage.db import Database, StorageError
 from storage.directory import Directory, InvalidArgument, NotFound
-from storage.identity_secrets import new_secret, replace_secret
-from storage.maintenance import (
-    MaintenanceError,
-    backup,
-    connection_as_is,
-    delete_raw_traffic,
-    drop_old_months,
-    erase_customer,
-    erase_visitor,
-    restore,
-    sites_with_raw_traffic,
-    unstored_days,
-    visitor_id_of,
-)
-from storage.people import ROLES, SETUP_LINK_MS, People
-from storage.shares import SharedLinks
-from storage.stripe import StripeStore
-from storage.users import Users
+from storage.people import ROLES
 from vocabulary import PLAN_NAMES, SCOPES
+
+# Each command imports what only it uses (in its handler): every `tally` run pays for the
+# imports at the top, and the reports' modules alone take longer to import than most
+# commands take to run.
 
 STRIPE_SECRET_MAX_CHARS = 256
 STRIPE_SECRET = re.compile(r"whsec_[A-Za-z0-9+/=_-]{1,250}")
@@ -71,7 +34,9 @@ class CliError(Exception):
     """A failure to report on one line of stderr."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(reports: bool = True) -> argparse.ArgumentParser:
+    """The whole command line; with reports=False, without `tally report` (whose choices
+    come from the reports' modules), for a line that names another command."""
     parser = argparse.ArgumentParser(prog="tally", description="Administer a Tally database.")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     commands = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
@@ -183,6 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
         dest="action", required=True, metavar="ACTION")
     listing = deadletter.add_parser("list", help="the latest events set aside, with the reason")
     listing.add_argument("--limit", type=int, default=100, metavar="N", help="rows (default 100)")
+    if reports:
+        _add_report_parsers(commands)
+    return parser
+
+
+def _add_report_parsers(commands) -> None:
+    from reports.money.revenue_by import REVENUE_DIMENSIONS
+    from reports.segments.filters import COMPARISONS
+    from reports.shared.params import BREAKDOWN_DIMENSIONS
+    from reports.timeseries import INTERVALS
 
     report = commands.add_parser("report", help="revenue, MRR and traffic of a site").add_subparsers(
         dest="action", required=True, metavar="REPORT")
@@ -226,7 +201,6 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("revenue", "traffic", "timeseries", "funnel"):
             sub.add_argument("--csv", action="store_true",
                              help="print CSV (for traffic: its breakdown)")
-    return parser
 
 
 def _workers(text: str) -> int:
@@ -257,8 +231,18 @@ class Context:
         self.clock = clock
         self.db = open_database(config)
         self.directory = Directory(self.db, clock)
-        self.users = Users(self.db, clock)
-        self.shares = SharedLinks(self.db, clock)
+
+    @property
+    def users(self):
+        from storage.users import Users
+
+        return Users(self.db, self.clock)
+
+    @property
+    def shares(self):
+        from storage.shares import SharedLinks
+
+        return SharedLinks(self.db, self.clock)
 
 
 def table(rows: Sequence[dict], columns: Sequence[str]) -> list[str]:
@@ -290,6 +274,9 @@ def _init(args, ctx):
 
 @command("setup-link")
 def _setup_link(args, ctx):
+    from dashboard.first_run import setup_url
+    from storage.people import SETUP_LINK_MS, People
+
     token = People(ctx.db, ctx.clock).new_setup_token()
     if token is None:
         raise CliError("this installation has users already: sign in at /login"
@@ -302,6 +289,9 @@ def _setup_link(args, ctx):
 
 @command("check")
 def _check(args, ctx):
+    from quota.audit import usage_mismatches
+    from storage.check import run_checks
+
     location = ctx.db.location
     if not ctx.db.exists():
         raise CliError(f"no database at {location}")
@@ -328,6 +318,8 @@ def _check(args, ctx):
 
 @command("backup")
 def _backup(args, ctx):
+    from storage.maintenance import backup
+
     result = backup(ctx.db, args.path)
     data = {"path": result.path, "bytes": result.bytes, "user_version": result.user_version,
             "integrity": result.integrity}
@@ -341,6 +333,10 @@ def _usage_after_migration(conn) -> tuple[list[dict], int]:
 
 @command("restore")
 def _restore(args, ctx):
+    from quota.audit import usage_mismatches
+    from storage.check import run_checks
+    from storage.maintenance import connection_as_is, restore
+
     result = restore(ctx.db, args.backup)
     current = ctx.db.latest_version
     # Usage is counted with this release's statements, which read this release's schema:
@@ -395,6 +391,12 @@ def _prune(args, ctx):
 
     from reports.days.queries import DIMENSIONS
     from reports.days.retention import cutoff_ms, earliest_allowed_cutoff, store_days
+    from storage.maintenance import (
+        delete_raw_traffic,
+        drop_old_months,
+        sites_with_raw_traffic,
+        unstored_days,
+    )
 
     now_ms = int(ctx.clock() * 1000)
     latest = earliest_allowed_cutoff(now_ms)
@@ -445,6 +447,8 @@ def _site_of(ctx, public_id: str):
 
 @command("customer", "erase")
 def _customer_erase(args, ctx):
+    from storage.maintenance import erase_customer
+
     site = _site_of(ctx, args.site)
     result = erase_customer(ctx.db, site.id, args.customer, int(ctx.clock() * 1000))
     if result is None:
@@ -459,6 +463,8 @@ def _customer_erase(args, ctx):
 
 @command("visitor", "erase")
 def _visitor_erase(args, ctx):
+    from storage.maintenance import erase_visitor, visitor_id_of
+
     site = _site_of(ctx, args.site)
     visitor_id = visitor_id_of(ctx.db, site.id, args.visitor)
     result = erase_visitor(ctx.db, site.id, visitor_id, int(ctx.clock() * 1000))
@@ -473,6 +479,8 @@ def _visitor_erase(args, ctx):
 
 @command("usage")
 def _usage(args, ctx):
+    from quota.usage import account_usage, month_of
+
     report = account_usage(ctx.db, args.account_id, args.month or month_of(ctx.clock()))
     return report, table([report], ["account", "plan", "month", "events", "allowance", "cap"])
 
@@ -509,6 +517,10 @@ def _site_list(args, ctx):
 
 @command("site", "identity-secret")
 def _site_identity_secret(args, ctx):
+    import secrets
+
+    from storage.identity_secrets import new_secret, replace_secret
+
     site = ctx.directory.find_site(args.site)
     if site is None:
         raise NotFound(f"no site {args.site}")
@@ -547,6 +559,10 @@ def _stripe_site(args, ctx):
 
 @command("stripe", "set-secret")
 def _stripe_set_secret(args, ctx):
+    import getpass
+
+    from storage.stripe import StripeStore
+
     site = _stripe_site(args, ctx)
     if sys.stdin.isatty():
         secret = getpass.getpass("Stripe webhook signing secret (whsec_...): ")
@@ -564,11 +580,15 @@ def _stripe_set_secret(args, ctx):
 
 @command("stripe", "remove")
 def _stripe_remove(args, ctx):
+    from storage.stripe import StripeStore
+
     site = _stripe_site(args, ctx)
     removed = StripeStore(ctx.db, ctx.clock).remove_secret(site.id)
     line = "removed" if removed else "had none"
     return {"site": args.site, "removed": removed}, [f"Stripe webhook secret {line}: {args.site}"]
 def _read_password() -> str:
+    from dashboard import passwords
+
     line = sys.stdin.readline()
     password = line.removesuffix("\n").removesuffix("\r")
     try:
@@ -580,6 +600,8 @@ def _read_password() -> str:
 
 @command("user", "create")
 def _user_create(args, ctx):
+    from dashboard import passwords
+
     password_hash = passwords.hash_password(_read_password())
     user = ctx.users.create_user(args.email, password_hash, args.account, args.role)
     return user, table([user], ["id", "email", "accounts"])
@@ -599,6 +621,8 @@ def _user_delete(args, ctx):
 
 @command("user", "set-password")
 def _user_set_password(args, ctx):
+    from dashboard import passwords
+
     result = ctx.users.set_password_hash(args.user, passwords.hash_password(_read_password()))
     return result, [f"password changed for {result['email']}; "
                     f"{result['sessions_ended']} session(s) ended"]
@@ -632,6 +656,8 @@ def _share_list(args, ctx):
 
 @command("deadletter", "list")
 def _deadletter_list(args, ctx):
+    from storage import deadletters
+
     if args.limit < 1:
         raise CliError("--limit must be at least 1")
     letters = deadletters.latest(ctx.db.conn(), args.limit)
@@ -645,6 +671,9 @@ def _deadletter_list(args, ctx):
 
 def _run_reports(args, ctx, *reports: tuple[str, dict]) -> list[dict]:
     """The endpoints' data for the site (money as Decimal), with the endpoints' checks."""
+    from reports.service import run_report
+    from reports.shared.params import InvalidReportParameter
+
     site = ctx.directory.find_site(args.site)
     if site is None:
         raise NotFound(f"no site {args.site}")
@@ -659,11 +688,16 @@ def _run_reports(args, ctx, *reports: tuple[str, dict]) -> list[dict]:
 
 
 def _csv_lines(report: str, data: dict) -> list[str]:
+    from reports.shared.csv_text import as_csv
+
     return [as_csv(report, data).removesuffix("\r\n")]
 
 
 @command("report", "revenue")
 def _report_revenue(args, ctx):
+    from reports.money.amounts import json_ready
+    from reports.shared.text import revenue_lines
+
     (data,) = _run_reports(args, ctx, ("revenue", {
         "from": args.from_date, "to": args.to_date, "by": args.by, "filters": args.filters,
         "compare": args.compare}))
@@ -673,6 +707,9 @@ def _report_revenue(args, ctx):
 
 @command("report", "mrr")
 def _report_mrr(args, ctx):
+    from reports.money.amounts import json_ready
+    from reports.shared.text import mrr_lines
+
     mrr, movements = _run_reports(args, ctx, ("mrr", {"at": args.at}),
                                   ("movements", {"from": args.from_date, "to": args.to_date}))
     return json_ready({"mrr": mrr, "movements": movements}), mrr_lines(mrr, movements, table)
@@ -680,6 +717,9 @@ def _report_mrr(args, ctx):
 
 @command("report", "traffic")
 def _report_traffic(args, ctx):
+    from reports.money.amounts import json_ready
+    from reports.shared.text import traffic_lines
+
     period = {"from": args.from_date, "to": args.to_date, "filters": args.filters,
               "goal": args.goal}
     aggregate, breakdown = _run_reports(
@@ -693,6 +733,9 @@ def _report_traffic(args, ctx):
 
 @command("report", "timeseries")
 def _report_timeseries(args, ctx):
+    from reports.money.amounts import json_ready
+    from reports.shared.text import timeseries_lines
+
     (data,) = _run_reports(args, ctx, ("timeseries", {
         "from": args.from_date, "to": args.to_date, "interval": args.interval,
         "filters": args.filters, "goal": args.goal, "compare": args.compare}))
@@ -702,6 +745,9 @@ def _report_timeseries(args, ctx):
 
 @command("report", "goals")
 def _report_goals(args, ctx):
+    from reports.money.amounts import json_ready
+    from reports.shared.text import goals_lines
+
     (data,) = _run_reports(args, ctx, ("goals", {
         "from": args.from_date, "to": args.to_date, "filters": args.filters,
         "limit": args.limit}))
@@ -710,6 +756,9 @@ def _report_goals(args, ctx):
 
 @command("report", "funnel")
 def _report_funnel(args, ctx):
+    from reports.money.amounts import json_ready
+    from reports.shared.text import funnel_lines
+
     (data,) = _run_reports(args, ctx, ("funnel", {
         "from": args.from_date, "to": args.to_date, "filters": args.filters,
         "steps": args.steps, "funnel": args.funnel}))
@@ -719,8 +768,33 @@ def _report_funnel(args, ctx):
 
 @command("report", "realtime")
 def _report_realtime(args, ctx):
+    from reports.money.amounts import json_ready
+    from reports.shared.text import realtime_lines
+
     (data,) = _run_reports(args, ctx, ("realtime", {}))
     return json_ready(data), realtime_lines(data, table)
+
+
+def _may_be_a_report(argv: Sequence[str]) -> bool:
+    """False when the first word that is not an option names a command other than report
+    (its parser then leaves the reports' modules unimported); otherwise the whole parser,
+    whose help and errors list every command."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first is None or first == "report" or first not in _OTHER_COMMANDS
+
+
+_OTHER_COMMANDS = frozenset((
+    "init", "serve", "setup-link", "check", "backup", "restore", "migrate-to-postgres", "prune",
+    "customer", "visitor", "usage", "account", "site", "key", "stripe", "user", "share",
+    "deadletter"))
+
+
+def _operator_errors() -> tuple[type[BaseException], ...]:
+    """What a command reports on one line with status 1. MaintenanceError is among them
+    once its module is loaded: a command that never imported it cannot raise it."""
+    errors = (CliError, NotFound, InvalidArgument, ConfigError, StorageError)
+    maintenance = sys.modules.get("storage.maintenance")
+    return (*errors, maintenance.MaintenanceError) if maintenance else errors
 
 
 def main(argv: Sequence[str] | None = None, *, context: Context | None = None) -> int:
@@ -728,7 +802,7 @@ def main(argv: Sequence[str] | None = None, *, context: Context | None = None) -
     # --json is accepted anywhere on the line, before or after the command.
     as_json = "--json" in argv
     argv = [a for a in argv if a != "--json"]
-    args = build_parser().parse_args(argv)
+    args = build_parser(reports=_may_be_a_report(argv)).parse_args(argv)
     if args.group == "serve":
         from serving import serve
 
@@ -739,10 +813,11 @@ def main(argv: Sequence[str] | None = None, *, context: Context | None = None) -
         handler = HANDLERS[(args.group, getattr(args, "action", None))]
         # A handler may add an exit status: (json_object, human_lines, status).
         result, lines, *status = handler(args, ctx)
-    except (CliError, NotFound, InvalidArgument, ConfigError, StorageError, MaintenanceError) as exc:
-        print(f"tally: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # a bug or bad stored data: one line for the operator, no traceback
+    except Exception as exc:
+        if isinstance(exc, _operator_errors()):
+            print(f"tally: {exc}", file=sys.stderr)
+            return 1
+        # A bug or bad stored data: one line for the operator, no traceback.
         print(f"tally: {args.group} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     if as_json:

@@ -73,6 +73,10 @@ def counting_bytes():
 
 
 BACKENDS = ("sqlite", "postgres")
+# Tests in Chromium (marked `browser`) check what the page and the script do; the figures
+# they show and the rows they send are checked on both backends by in-process tests. So
+# `make test` runs them on SQLite, and `make test-browsers` on both (BROWSER_BACKENDS).
+BROWSER_BACKENDS = tuple(os.environ.get("BROWSER_BACKENDS", "sqlite").split())
 
 # The deadline of every wait on a condition (a server up, events stored, a page drawn): a
 # loaded machine (`make test-loaded`: twice as many busy processes as cores) is many times
@@ -97,6 +101,8 @@ def wait_until(condition, timeout: float = WAIT, interval: float = 0.01) -> bool
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "sqlite_only: checks the SQLite file itself; not run on PostgreSQL")
+    config.addinivalue_line(
+        "markers", "browser: drives headless Chromium; run on BROWSER_BACKENDS (make test: sqlite)")
     config.addinivalue_line(
         "markers", "empty_schema: on PostgreSQL, db_path is a new schema without Tally's"
                    " tables (for a test of what Tally does to an empty database)")
@@ -125,8 +131,34 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_generate_tests(metafunc):
     if "backend" in metafunc.fixturenames:
-        only_sqlite = metafunc.definition.get_closest_marker("sqlite_only") is not None
-        metafunc.parametrize("backend", ("sqlite",) if only_sqlite else BACKENDS, scope="function")
+        marked = metafunc.definition.get_closest_marker
+        backends = (("sqlite",) if marked("sqlite_only") else
+                    BROWSER_BACKENDS if marked("browser") else BACKENDS)
+        metafunc.parametrize("backend", backends, scope="function")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests (real servers, browsers, builds) first in each xdist process's share:
+    worksteal hands each process a contiguous share and steals from the end of a queue, so
+    a run then ends on quick tests that fill the cores instead of one long test alone. The
+    order is the same in every process (xdist requires it)."""
+    processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if processes < 2 or not slow:
+        return
+    quick = [item for item in items if not item.get_closest_marker("slow")]
+    shares = [[] for _ in range(processes)]
+    for i, item in enumerate(slow):
+        shares[i % processes].append(item)
+    remaining = len(items)
+    for k, share in enumerate(shares):
+        size = remaining // (processes - k)  # xdist's own split of the first hand-out
+        remaining -= size
+        take = max(0, size - len(share))
+        share.extend(quick[:take])
+        del quick[:take]
+    shares[-1].extend(quick)
+    items[:] = [item for share in shares for item in share]
 
 
 def is_postgres(db: str) -> bool:

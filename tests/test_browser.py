@@ -33,6 +33,8 @@ from tests.conftest import WAIT, FakeClock, bearer, config_for, rows
 from tests.realparts import DESKTOP_UA, chromium_driver
 from validation.event import pack_ip
 
+pytestmark = pytest.mark.browser
+
 HIDE_WEBDRIVER = ("Object.defineProperty(Navigator.prototype, 'webdriver',"
                   " {get: () => false, configurable: true});")
 QUEUE_STUB = ("<script>window.tally = window.tally || function () {"

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import calendar
 import sqlite3
+import time
 
 import orjson
 import pytest
 
 from quota.audit import shift_month as _shift
-from tests.conftest import cli_json, execute, is_postgres, rows, run_cli
+from storage.backend import open_database
+from storage.directory import Directory
+from tests.conftest import config_for, execute, is_postgres, rows, run_cli
 
 OCT_1 = calendar.timegm((2026, 10, 1, 0, 0, 0)) * 1000
 HOUR, MINUTE = 3_600_000, 60_000
@@ -22,8 +25,15 @@ def check(db: str) -> tuple[int, dict]:
 
 @pytest.fixture
 def world(db_path):
-    account = cli_json("account", "create", "--name", "A", db=db_path)
-    cli_json("site", "create", "--account", account["id"], "--host", "a.test", db=db_path)
+    """An account and its site, made through storage: `tally check` is the subject here
+    (tests/test_cli.py makes them with the real command)."""
+    db = open_database(config_for(db_path))
+    try:
+        directory = Directory(db, time.time)
+        account = directory.create_account("A", "free")
+        directory.create_site(account["id"], ["a.test"])
+    finally:
+        db.close()
     (site,) = rows(db_path, "SELECT id, account_id FROM sites")
     return {"db": db_path, "site": site["id"], "account": site["account_id"],
             "public_account": account["id"]}

@@ -136,3 +136,32 @@ def test_unopenable_db_is_a_clear_error(tmp_path):
     (tmp_path / "dir.db").mkdir()
     proc = run_cli("init", db=str(tmp_path / "dir.db"), check=False)
     assert proc.returncode == 1 and proc.stderr.startswith("tally: ")
+
+
+def test_every_command_but_report_parses_without_the_reports_modules():
+    """cli._OTHER_COMMANDS (the lines parsed without `tally report`'s parsers) names every
+    command of the whole parser but report, so no command loses its parser."""
+    import argparse
+
+    import cli
+
+    commands = next(a for a in cli.build_parser()._actions
+                    if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(commands) - {"report"} == cli._OTHER_COMMANDS
+    assert cli._may_be_a_report(["--json", "report", "traffic"])
+    assert cli._may_be_a_report(["--help"])
+    assert cli._may_be_a_report(["frob"])
+    assert not cli._may_be_a_report(["key", "list", "--site", "report"])
+
+
+def test_a_command_that_is_not_a_report_imports_no_report_module(db_path):
+    """`tally check` (and every command but report) starts without the reports' modules,
+    which take longer to import than most commands take to run."""
+    run_cli("init", db=db_path)
+    proc = run_cli("check", "--json", db=db_path,
+                   env={"PYTHONPROFILEIMPORTTIME": "1"})
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "storage.check" in imported
+    assert not {m for m in imported if m.startswith("reports")}, sorted(
+        m for m in imported if m.startswith("reports"))

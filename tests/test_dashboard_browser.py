@@ -17,7 +17,7 @@ from tests import dashboard_seed as seed
 from tests.conftest import REPO, WAIT, Server, bearer, cli_json, config_for, http
 from tests.realparts import chromium_driver, require
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 SHOTS = REPO / "var" / "screenshots"
 WIDTHS = (390, 1440)
 

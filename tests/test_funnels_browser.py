@@ -24,7 +24,7 @@ from tests.test_dashboard_browser import (  # noqa: F401 - fixtures
 )
 from tests.test_dashboard_browser import wait_until as wait_in_browser
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 STEPS = "page:/\npage:/features\ngoal:signup\npayment"
 
 

@@ -55,7 +55,7 @@ def test_schemathesis_finds_no_violation(db_path, server_factory, tmp_path):
         # A request's deadline, not a speed check: one report can take seconds on a loaded
         # machine (`make test-loaded`), and a timeout would fail the run.
         *CHECKS, "--workers", "1", "--request-timeout", "300",
-        "--max-examples", str(FUZZ_EXAMPLES or 20),
+        "--max-examples", str(FUZZ_EXAMPLES or 10),
         *(["--seed", SEED] if not FUZZ_EXAMPLES else []),
         "--report", "ndjson", "--report-dir", str(tmp_path / "report"),
     ]

@@ -30,7 +30,7 @@ from tests.conftest import (
 )
 from tests.realparts import chromium_driver, require
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 SHOTS = REPO / "var" / "screenshots"
 WIDTHS = (390, 1440)
 PASSWORD = "a long enough password"
