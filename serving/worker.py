@@ -10,6 +10,8 @@ short is 400 `invalid_input`, api/bodies.py).
 
 from __future__ import annotations
 
+import os
+import selectors
 import threading
 from concurrent import futures
 
@@ -31,6 +33,20 @@ def name_os_thread(name: str) -> None:
 
 
 class TallyThreadWorker(ThreadWorker):
+    def run(self):
+        # gunicorn points signal.set_wakeup_fd at self.PIPE; with that pipe in the poller a
+        # SIGTERM or SIGQUIT ends the loop at once instead of after its 1 s select, so a
+        # stop (a deploy, a restart) is that much shorter.
+        self.poller.register(self.PIPE[0], selectors.EVENT_READ, self._woken)
+        super().run()
+
+    def _woken(self, fd):
+        try:
+            while os.read(fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
     def get_thread_pool(self):
         return futures.ThreadPoolExecutor(max_workers=self.cfg.threads,
                                           initializer=name_os_thread,
