@@ -65,6 +65,12 @@ def _announce_setup(server, tally):
         server.log.warning(setup_line(setup_url(tally.config.public_url, bind, token)))
 
 
+def post_fork(server, worker):
+    from serving.memory import limit_arenas
+
+    limit_arenas()  # before the worker starts its threads
+
+
 def post_worker_init(worker):
     from api.wire_errors import install as answer_wire_errors_in_json
 
