@@ -30,8 +30,8 @@ from attribution import Touch, classify_visit
 from storage.connection import Connection
 from storage.directory import site_hosts
 from storage.sessions import (
-    add_session_counts,
     PROVISIONAL_SESSION_ID,
+    add_session_counts,
     final_session_ids,
     insert_sessions,
     link_identities,
