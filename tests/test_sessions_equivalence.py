@@ -13,9 +13,10 @@ visitor_identities, and the trigger-kept customer_first_touch and first_touch_re
 must be identical. The reference side also keeps the session_visitors trigger as it was
 before its WHEN guard (schema version 8), as PostgreSQL's schema has it.
 
-The flush-level test runs accepted units through Enricher.build and the flush's BatchWriter against
-the reference write (per-visitor writer, yesterday's id hashed for every event, one
-executemany of full rows): receipts around midnight, client `ts` anywhere the endpoint
+The flush-level test runs accepted units through Enricher.build and the flush's
+BatchWriter (decided before the write lock on SQLite) against the reference write
+(per-visitor writer, yesterday's id hashed for every event, one executemany of full
+rows): receipts around midnight, client `ts` anywhere the endpoint
 accepts, two workers flushing in turn (so earlier events arrive late).
 """
 
