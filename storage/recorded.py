@@ -2,8 +2,10 @@
 
 The SQLite flush decides a batch (sessions, browser visitors, yesterday's visitor ids)
 before BEGIN IMMEDIATE, on a RecordedReads wrapping its connection: every statement the
-decision runs is a read, and its rows are kept. Under the lock, `unchanged` runs each
-again; the same rows mean the decision is the one the data under the lock gives.
+decision runs is a read, and its rows are kept. Under the lock, `unchanged` first asks
+SQLite whether any other connection committed since the decision started (PRAGMA
+data_version, read on the same connection); only then does it run each read again, and
+the same rows mean the decision is the one the data under the lock gives.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class RecordedReads:
     def __init__(self, conn: sqlite3.Connection):
         self._conn = conn
         self._reads: list[tuple[str, Sequence, list]] = []
+        self._version = _data_version(conn)
 
     @property
     def in_transaction(self) -> bool:
@@ -59,5 +62,11 @@ class RecordedReads:
 
     def unchanged(self, conn: sqlite3.Connection) -> bool:
         """Whether every recorded read gives the same rows on `conn` now."""
+        if conn is self._conn and _data_version(conn) == self._version:
+            return True  # nothing committed by another connection since the reads
         return all(conn.execute(sql, parameters).fetchall() == rows
                    for sql, parameters, rows in self._reads)
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    return conn.execute("PRAGMA data_version").fetchone()[0]
