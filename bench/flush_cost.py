@@ -122,11 +122,12 @@ def run(folder: Path, mix: str, events: int, flush_units: int) -> dict:
             t0 = time.thread_time()
             batch = pipeline.enrich(enricher, conn, chunk)
             t1 = time.thread_time()
-            prepared = writer.prepare(conn, batch)
-            t2 = time.thread_time()
-            with db.transaction(conn):
-                writer(conn, batch, prepared)
-                t3 = time.thread_time()
+            with pipeline.collector_paused():  # as the flush thread (ingest/flusher.py)
+                prepared = writer.prepare(conn, batch)
+                t2 = time.thread_time()
+                with db.transaction(conn):
+                    writer(conn, batch, prepared)
+                    t3 = time.thread_time()
             t4 = time.thread_time()
             wall += time.perf_counter() - started
             spent["enrich"] += t1 - t0

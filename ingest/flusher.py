@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import metrics
 from enrichment.enricher import Enricher, EventBatch
-from ingest.pipeline import BatchWriter, enrich
+from ingest.pipeline import BatchWriter, collector_paused, enrich
 from ingest.queue import Accepted, EventQueue
 from quota.usage import counted_events
 from storage import deadletters
@@ -251,9 +251,14 @@ class Flusher:
         # On SQLite, one writer at a time: the batch is decided before the write lock
         # (BatchWriter.prepare) and only written under it.
         prepare = getattr(self.write, "prepare", None)
-        prepared = (prepare(conn, batch) if prepare is not None and self.db.dialect == "sqlite"
-                    else None)
-        self._commit(conn, batch, {unit.site_id for unit in units}, prepared)
+        if prepare is None or self.db.dialect != "sqlite":
+            self._commit(conn, batch, {unit.site_id for unit in units})
+            return len(batch.rows)
+        # The collector waits from the decision to the commit: the plan's objects are
+        # young until then, and a pass between the two steps would traverse them all.
+        with collector_paused():
+            prepared = prepare(conn, batch)
+            self._commit(conn, batch, {unit.site_id for unit in units}, prepared)
         return len(batch.rows)
 
     def _set_aside(self, conn: Connection, units: list[Accepted], reason: str) -> None:
