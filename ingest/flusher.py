@@ -4,8 +4,8 @@ Every TALLY_FLUSH_INTERVAL seconds (sooner when a quarter of the queue is waitin
 flush_at, or when asked), it swaps the waiting units out under the queue's lock, enriches
 them and writes them with its own connection: one executemany in one transaction, through
 `write(conn, batch)` (on SQLite the batch is decided before BEGIN IMMEDIATE and checked
-under it: ingest.pipeline.BatchWriter). When the database is locked or failing it keeps the batch and
-retries with backoff; the queue then fills and requests get 503. On a full disk it stores
+under it: ingest.pipeline.BatchWriter). When the database is locked or failing it keeps
+the batch and retries with backoff; the queue then fills and requests get 503. On a full disk it stores
 the batch in smaller parts, as many as fit, and waits for space for the rest. Any other failure
 is the data's: the batch is split until the failing events are found and set aside in
 dead_letters, and everything else is stored. `stop()` closes the
