@@ -128,6 +128,7 @@ def run(folder: Path, mix: str, events: int, flush_units: int) -> dict:
                 with db.transaction(conn):
                     writer(conn, batch, prepared)
                     t3 = time.thread_time()
+                del prepared  # freed before the collector runs again, as in the flush thread
             t4 = time.thread_time()
             wall += time.perf_counter() - started
             spent["enrich"] += t1 - t0
