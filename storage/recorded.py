@@ -13,6 +13,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Sequence
 
+from storage.statements import native
+
 
 class _Rows:
     """The rows of one recorded statement, read as a cursor is."""
@@ -68,5 +70,8 @@ class RecordedReads:
                    for sql, parameters, rows in self._reads)
 
 
+_DATA_VERSION = native("sqlite", "PRAGMA data_version")
+
+
 def _data_version(conn: sqlite3.Connection) -> int:
-    return conn.execute("PRAGMA data_version").fetchone()[0]
+    return conn.execute(_DATA_VERSION).fetchone()[0]
