@@ -13,7 +13,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from functools import partial
 
 import falcon
 
@@ -35,7 +34,7 @@ from dashboard.web import Dashboard
 from enrichment.browser_ids import BrowserIds, BrowserVisitors
 from enrichment.enricher import Enricher
 from ingest.flusher import Flusher
-from ingest.pipeline import write_batch
+from ingest.pipeline import BatchWriter
 from ingest.queue import EventQueue
 from quota.usage import QuotaGuard
 from storage.backend import open_database
@@ -93,7 +92,7 @@ def build_flusher(config: Config, db: Database, quota: QuotaGuard, clock: Callab
     browser_visitors = BrowserVisitors(BrowserIds(db, clock, random_bytes))
     return Flusher(db, EventQueue(config.queue_max), enricher,
                    interval=config.flush_interval, quota=quota,
-                   write=partial(write_batch, browser_visitors=browser_visitors),
+                   write=BatchWriter(browser_visitors),
                    busy_timeout_ms=config.flush_busy_timeout_ms, backoff=config.flush_backoff,
                    clock=clock)
 

@@ -3,7 +3,8 @@
 `assign_sessions(conn, rows, previous_visitor_ids)` runs inside the flush transaction,
 before the events are inserted: it records sessions and `$identify` links and returns
 each row's session id, so events, sessions, links and first touches commit (or roll
-back) together.
+back) together. On SQLite the flush runs `decide_sessions` before the transaction and
+writes its plan inside it (ingest.pipeline.BatchWriter).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Collection, Sequence
 from functools import partial
 from operator import itemgetter
 
-from attribution.sessions import Hit, SessionWriter
+from attribution.sessions import Hit, SessionPlan, SessionWriter
 from storage.connection import Connection
 from storage.events import EventRow
 from vocabulary import CLICK_IDS, UTM_KEYS
@@ -38,8 +39,15 @@ def assign_sessions(conn: Connection, rows: Sequence[EventRow],
 
     unlinked: indexes of `$identify` rows whose uid links nothing (an anonymous identify
     no identity hash verified): the row is stored, the link is not."""
+    return decide_sessions(conn, rows, previous_visitor_ids, unlinked).write(conn)
+
+
+def decide_sessions(conn: Connection, rows: Sequence[EventRow],
+                    previous_visitor_ids: Sequence[int | None],
+                    unlinked: Collection[int] = ()) -> SessionPlan:
+    """assign_sessions' decisions, with reads only; SessionPlan.write writes them."""
     if not rows:
-        return []
+        return SessionPlan([], None, [], [])
     hits = []
     for row, previous_visitor in zip(rows, previous_visitor_ids, strict=True):
         click_ids = ()
@@ -48,4 +56,4 @@ def assign_sessions(conn: Connection, rows: Sequence[EventRow],
         hits.append(_hit((*_head(row), _utm(row), click_ids, row[_UID], previous_visitor)))
     for index in unlinked:
         hits[index] = hits[index]._replace(uid=None)
-    return _writer.record(conn, hits)
+    return _writer.decide(conn, hits)

@@ -30,13 +30,13 @@ from attribution import Touch, classify_visit
 from storage.connection import Connection
 from storage.directory import site_hosts
 from storage.sessions import (
+    PROVISIONAL_SESSION_ID,
     add_session_counts,
     final_session_ids,
     insert_sessions,
     link_identities,
     link_session_visitors,
     move_session_starts,
-    next_session_id,
     sessions_of_visitors,
 )
 from vocabulary import IDENTIFY, PAGEVIEW, SESSION_GAP_MS, UTM_KEYS
@@ -117,11 +117,12 @@ class _Visits:
 
         Loaded: every stored session of those visitor ids that a lookup within the
         site's span can reach (a superset of what each lookup needs: find() decides)."""
-        self.conn = conn
         self.by_visitor: dict[tuple[int, int], list[_Session]] = {}
         self.new: list[_Session] = []
         self.links: list[tuple[int, int, int]] = []  # new (site, visitor id, session id)
-        self._next_id: int | None = None
+        # New sessions carry provisional ids, above any stored id and in the order they
+        # were opened, as their final ones are (final_ids, once the write lock is held).
+        self._next_id = PROVISIONAL_SESSION_ID
         by_visitor = self.by_visitor
         for site_id, (visitors, first, last) in wanted.items():
             loaded: dict[int, _Session] = {}
@@ -162,9 +163,6 @@ class _Visits:
 
     def open(self, key: tuple[int, int], ts: int, landing: Landing) -> _Session:
         """A new session of the visitor `key` (site, visitor id) starting at ts."""
-        if self._next_id is None:
-            # The ids SQLite would give, in order: the flush holds the write lock.
-            self._next_id = next_session_id(self.conn)
         session = _Session(self._next_id, key[0], key[1], ts, ts, None, landing)
         self._next_id += 1
         self.new.append(session)
@@ -179,23 +177,20 @@ class _Visits:
             self.by_visitor[key] = [session]
         self.links.append((key[0], key[1], session.id))
 
-    def final_ids(self) -> dict[int, int] | None:
-        """Give the new sessions their final ids where they had provisional ones
-        (storage.sessions.final_session_ids): provisional id -> final id, or None."""
-        final = final_session_ids(self.conn, len(self.new))
-        if final is None:
-            return None
+    def final_ids(self, conn: Connection) -> dict[int, int]:
+        """Give the new sessions their final ids (storage.sessions.final_session_ids,
+        under the write lock): provisional id -> final id."""
+        final = final_session_ids(conn, len(self.new))
         renamed = {}
         for session, session_id in zip(self.new, final, strict=True):
             renamed[session.id] = session.id = session_id
         self.links = [(site, visitor, renamed.get(sid, sid)) for site, visitor, sid in self.links]
         return renamed
 
-    def write(self, touched: Iterable[_Session]) -> None:
+    def write(self, conn: Connection, touched: Iterable[_Session]) -> None:
         """New sessions, then earlier starts, counts and new visitor ids of stored ones.
 
         Links go last: their trigger recomputes first touches against final sessions."""
-        conn = self.conn
         insert_sessions(conn, [
             (s.id, s.site_id, s.visitor_id, s.started_at, s.last_seen_at, s.landing.channel,
              s.landing.source, s.landing.referrer, s.landing.landing_page,
@@ -219,6 +214,12 @@ class SessionWriter:
 
     def record(self, conn: Connection, hits: Sequence[Hit]) -> list[int | None]:
         """The session id of each hit (None for $identify and hits without a visitor)."""
+        return self.decide(conn, hits).write(conn)
+
+    def decide(self, conn: Connection, hits: Sequence[Hit]) -> SessionPlan:
+        """What record() writes, decided with reads only: the flush on SQLite decides
+        before it takes the write lock, and writes the plan once it holds the lock and
+        the same reads give the same answers (ingest.pipeline.BatchWriter)."""
         session_ids: list[int | None] = [None] * len(hits)
         groups: dict[tuple[int, int], list[int]] = {}  # (site, visitor id) -> hit indexes
         identifies = []
@@ -251,7 +252,7 @@ class SessionWriter:
             if previous is not None:
                 site[0].add(previous)
         if not groups and not identifies:
-            return session_ids
+            return SessionPlan(session_ids, None, (), [])
         visits = _Visits(conn, wanted)
         del wanted
         touched: dict[int, _Session] = {}  # stored sessions this batch changes, in order
@@ -299,16 +300,11 @@ class SessionWriter:
                 else:
                     current.custom_events += 1
                 session_ids[index] = session_id
-        renamed = visits.final_ids()
-        if renamed:
-            session_ids = [renamed.get(sid, sid) for sid in session_ids]
-        visits.write(touched.values())
-        self._link_identities(conn, visits, identifies)
-        return session_ids
+        return SessionPlan(session_ids, visits, list(touched.values()),
+                           self._identity_links(visits, identifies))
 
     @staticmethod
-    def _link_identities(conn: Connection, visits: _Visits,
-                         identifies: Iterable[Hit]) -> None:
+    def _identity_links(visits: _Visits, identifies: Iterable[Hit]) -> list[tuple]:
         rows = []
         for hit in identifies:
             if not hit.uid:
@@ -318,7 +314,32 @@ class SessionWriter:
             if hit.previous_visitor_id and visits.find(hit.site_id, None,
                                                        hit.previous_visitor_id, hit.ts):
                 rows.append((hit.site_id, hit.uid, hit.previous_visitor_id, hit.ts))
-        link_identities(conn, rows)
+        return rows
+
+
+class SessionPlan:
+    """The sessions, visitor links and `$identify` links one batch writes."""
+
+    __slots__ = ("session_ids", "visits", "touched", "identities")
+
+    def __init__(self, session_ids: list[int | None], visits: _Visits | None,
+                 touched: list[_Session], identities: list[tuple]):
+        self.session_ids = session_ids
+        self.visits = visits
+        self.touched = touched  # stored sessions the batch changes, in order
+        self.identities = identities  # (site id, uid, visitor id, linked at)
+
+    def write(self, conn: Connection) -> list[int | None]:
+        """Write the plan (the caller holds the write lock); each hit's final session id."""
+        session_ids = self.session_ids
+        visits = self.visits
+        if visits is not None:
+            renamed = visits.final_ids(conn)
+            if renamed:
+                session_ids = [renamed.get(sid, sid) for sid in session_ids]
+            visits.write(conn, self.touched)
+        link_identities(conn, self.identities)
+        return session_ids
 
 
 def hosts_of_site(conn: Connection, site_id: int) -> frozenset[str]:

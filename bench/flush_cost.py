@@ -4,11 +4,13 @@
                                          [--only random cycled repeated]
 
 Builds accepted 50-event units the way the events endpoint queues them, then stores them
-the way the flush thread does (ingest/pipeline.py): `enrich`, then `write_batch` inside one
+the way the flush thread does (ingest/pipeline.py): `enrich`, the BatchWriter's `prepare`
+(the decisions, before the write lock), then the BatchWriter inside one
 `Database.transaction` per flush of `--flush-units` units, on a fresh SQLite file with
 the service's pragmas. CPU is this thread's (time.thread_time: Python and SQLite alike,
-not the fsync wait). The sessions step is timed by wrapping ingest.pipeline's
-assign_sessions; "insert" is the rest of write_batch (the events' INSERT, usage).
+not the fsync wait). Under the lock: "check" (the decisions' reads run again), "sessions"
+(the plan's writes, ingest.pipeline.write_sessions), "insert" (the rest: browser links,
+the events' INSERT, usage) and "commit"; "locked" is their sum.
 
 Visitor mixes (each event's ip + ua decides its visitor):
 - random: a new visitor for every event (each opens a session).
@@ -43,6 +45,7 @@ from enrichment.visitor import utc_day
 from ingest.queue import Accepted
 from storage.db import Database
 from storage.directory import Directory
+from storage.recorded import RecordedReads
 from validation.event import IDENTIFY, parse_events
 
 START_MS = 1_790_000_000_000
@@ -96,17 +99,22 @@ def run(folder: Path, mix: str, events: int, flush_units: int) -> dict:
     enricher.salts.salt(db.conn(), utc_day(START_MS) - 1)
     enricher.warm_up()
     conn = db.connect()
-    spent = {"enrich": 0.0, "sessions": 0.0, "insert": 0.0, "commit": 0.0}
-    assign = pipeline.assign_sessions
+    spent = {"enrich": 0.0, "decide": 0.0, "check": 0.0, "sessions": 0.0, "insert": 0.0,
+             "commit": 0.0}
+    writer = pipeline.BatchWriter()
+    write_sessions, unchanged = pipeline.write_sessions, RecordedReads.unchanged
 
-    def timed_assign(*args):
-        started = time.thread_time()
-        try:
-            return assign(*args)
-        finally:
-            spent["sessions"] += time.thread_time() - started
+    def timed(name, step):
+        def run_step(*args):
+            started = time.thread_time()
+            try:
+                return step(*args)
+            finally:
+                spent[name] += time.thread_time() - started
+        return run_step
 
-    pipeline.assign_sessions = timed_assign
+    pipeline.write_sessions = timed("sessions", write_sessions)
+    RecordedReads.unchanged = timed("check", unchanged)
     wall = 0.0  # seconds spent storing (not making the units)
     try:
         while chunk := list(itertools.islice(units, flush_units)):
@@ -114,22 +122,31 @@ def run(folder: Path, mix: str, events: int, flush_units: int) -> dict:
             t0 = time.thread_time()
             batch = pipeline.enrich(enricher, conn, chunk)
             t1 = time.thread_time()
-            with db.transaction(conn):
-                pipeline.write_batch(conn, batch)
+            with pipeline.collector_paused():  # as the flush thread (ingest/flusher.py)
+                prepared = writer.prepare(conn, batch)
                 t2 = time.thread_time()
-            t3 = time.thread_time()
+                with db.transaction(conn):
+                    writer(conn, batch, prepared)
+                    t3 = time.thread_time()
+                del prepared  # freed before the collector runs again, as in the flush thread
+            t4 = time.thread_time()
             wall += time.perf_counter() - started
             spent["enrich"] += t1 - t0
-            spent["insert"] += t2 - t1
-            spent["commit"] += t3 - t2
+            spent["decide"] += t2 - t1
+            spent["insert"] += t3 - t2
+            spent["commit"] += t4 - t3
     finally:
-        pipeline.assign_sessions = assign
-    spent["insert"] -= spent["sessions"]
+        pipeline.write_sessions, RecordedReads.unchanged = write_sessions, unchanged
+    locked = spent["insert"] + spent["commit"]
+    spent["insert"] -= spent["sessions"] + spent["check"]
+    if writer.decided_again:
+        raise AssertionError("nothing else writes here: no batch may be decided again")
     stored = conn.execute("SELECT count(*) FROM events").fetchone()[0]
     sessions = conn.execute("SELECT count(*) FROM sessions").fetchone()[0]
     conn.close()
     result = {name: round(seconds * 1e6 / stored, 2) for name, seconds in spent.items()}
     result["total"] = round(sum(spent.values()) * 1e6 / stored, 2)
+    result["locked"] = round(locked * 1e6 / stored, 2)
     result.update(events=stored, session_rows=sessions, events_per_s=round(stored / wall))
     return result
 
@@ -142,8 +159,8 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only", nargs="+", choices=MIXES, default=list(MIXES))
     args = parser.parse_args(argv)
-    print("CPU us per event (median of runs): enrich | sessions | insert | commit | total;"
-          " in-process events/s")
+    print("CPU us per event (median of runs): enrich | decide | check | sessions | insert |"
+          " commit | total (under the write lock); in-process events/s")
     for flush_units in args.flush_units:
         for mix in args.only:
             results = []
@@ -152,8 +169,10 @@ def main(argv=None) -> int:
                     results.append(run(Path(folder), mix, args.events, flush_units))
             med = {key: statistics.median(r[key] for r in results) for key in results[0]}
             print(f"{mix:>8} x{flush_units * BATCH_SIZE:>5}/flush: "
-                  f"{med['enrich']:6.2f} | {med['sessions']:6.2f} | {med['insert']:6.2f} |"
-                  f" {med['commit']:5.2f} | {med['total']:6.2f}  {med['events_per_s']:>8,.0f}/s"
+                  f"{med['enrich']:6.2f} | {med['decide']:6.2f} | {med['check']:5.2f} |"
+                  f" {med['sessions']:6.2f} | {med['insert']:6.2f} | {med['commit']:5.2f} |"
+                  f" {med['total']:6.2f} ({med['locked']:6.2f})"
+                  f"  {med['events_per_s']:>8,.0f}/s"
                   f"  ({med['session_rows']:.0f} sessions; totals {[r['total'] for r in results]})",
                   flush=True)
     return 0

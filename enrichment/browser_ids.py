@@ -56,11 +56,16 @@ class BrowserVisitors:
     def apply(self, conn: Connection, batch) -> None:
         """batch: an enrichment.enricher.EventBatch (rows aligned with the units' events);
         rows whose visitor changes are replaced in batch.rows."""
-        self._prune(conn)
+        self.prune(conn)
+        self.write(conn, self.resolve(conn, batch))
+
+    def resolve(self, conn: Connection, batch) -> list[tuple]:
+        """apply() without its writes (reads only): the rows' visitors replaced, and the
+        links to write (write())."""
         pairs = [(unit, event) for unit in batch.units for event in unit.events]
         rows = batch.rows
         if len(pairs) != len(rows):
-            return
+            return []
         links: dict[tuple[int, int], tuple[int, int, int]] = {}  # (site, daily) -> link
         others: dict[int, list[int]] = {}  # site -> indexes of rows with only an ip+ua id
         for index, ((unit, event), row) in enumerate(zip(pairs, rows, strict=True)):
@@ -85,10 +90,17 @@ class BrowserVisitors:
                     visitor = found.get(rows[i].visitor_id)
                     if visitor is not None:
                         rows[i] = rows[i]._replace(visitor_id=visitor)
-        store.write_links(conn, [(site_id, daily, visitor, day, seen)
-                                 for (site_id, daily), (visitor, day, seen) in links.items()])
+        return [(site_id, daily, visitor, day, seen)
+                for (site_id, daily), (visitor, day, seen) in links.items()]
 
-    def _prune(self, conn: Connection) -> None:
+    @staticmethod
+    def write(conn: Connection, links: list[tuple]) -> None:
+        store.write_links(conn, links)
+
+    def prune_due(self) -> bool:
+        return self._pruned_on != utc_day(int(self.ids.clock() * 1000))
+
+    def prune(self, conn: Connection) -> None:
         today = utc_day(int(self.ids.clock() * 1000))
         if self._pruned_on != today:
             store.prune_links(conn, today - 1)

@@ -3,8 +3,9 @@
 Every TALLY_FLUSH_INTERVAL seconds (sooner when a quarter of the queue is waiting, its
 flush_at, or when asked), it swaps the waiting units out under the queue's lock, enriches
 them and writes them with its own connection: one executemany in one transaction, through
-`write(conn, batch)`. When the database is locked or failing it keeps the batch and
-retries with backoff; the queue then fills and requests get 503. On a full disk it stores
+`write(conn, batch)` (on SQLite the batch is decided before BEGIN IMMEDIATE and checked
+under it: ingest.pipeline.BatchWriter). When the database is locked or failing it keeps
+the batch and retries with backoff; the queue then fills and requests get 503. On a full disk it stores
 the batch in smaller parts, as many as fit, and waits for space for the rest. Any other failure
 is the data's: the batch is split until the failing events are found and set aside in
 dead_letters, and everything else is stored. `stop()` closes the
@@ -22,7 +23,7 @@ from collections.abc import Callable
 
 import metrics
 from enrichment.enricher import Enricher, EventBatch
-from ingest.pipeline import enrich, write_batch
+from ingest.pipeline import BatchWriter, collector_paused, enrich
 from ingest.queue import Accepted, EventQueue
 from quota.usage import counted_events
 from storage import deadletters
@@ -60,7 +61,7 @@ class Flusher:
         *,
         interval: float,
         quota=None,
-        write: Callable[[Connection, EventBatch], None] = write_batch,
+        write: Callable[..., None] | None = None,
         busy_timeout_ms: int = 1_000,
         backoff: tuple[float, float] = (0.05, 1.0),
         clock: Callable[[], float] = time.time,
@@ -70,7 +71,7 @@ class Flusher:
         self.enricher = enricher
         self.interval = interval
         self.quota = quota  # told when a flush transaction starts and ends (quota.usage)
-        self.write = write
+        self.write = write if write is not None else BatchWriter()
         self.busy_timeout_ms = busy_timeout_ms
         self.backoff = backoff
         self.failures = 0  # flush attempts that failed and were retried
@@ -248,7 +249,17 @@ class Flusher:
 
     def _write(self, conn: Connection, units: list[Accepted]) -> int:
         batch = enrich(self.enricher, conn, units)
-        self._commit(conn, batch, {unit.site_id for unit in units})
+        # On SQLite, one writer at a time: the batch is decided before the write lock
+        # (BatchWriter.prepare) and only written under it.
+        prepare = getattr(self.write, "prepare", None)
+        if prepare is None or self.db.dialect != "sqlite":
+            self._commit(conn, batch, {unit.site_id for unit in units})
+            return len(batch.rows)
+        # The collector waits from the decision to the commit: the plan's objects are
+        # young until then, and a pass between the two steps would traverse them all.
+        with collector_paused():
+            prepared = prepare(conn, batch)
+            self._commit(conn, batch, {unit.site_id for unit in units}, prepared)
         return len(batch.rows)
 
     def _set_aside(self, conn: Connection, units: list[Accepted], reason: str) -> None:
@@ -264,7 +275,8 @@ class Flusher:
             self.quota.release((unit.account_id, unit.month), unit.counted,
                                unit.counted if unit.anonymous else 0)
 
-    def _commit(self, conn: Connection, batch: EventBatch, sites: set[int]) -> None:
+    def _commit(self, conn: Connection, batch: EventBatch, sites: set[int],
+                prepared=None) -> None:
         quota = self.quota
         if quota is not None:
             quota.begin_commit()
@@ -272,7 +284,10 @@ class Flusher:
             # Only these sites' rows and their accounts' usage are written: on PostgreSQL
             # other sites' flushes and payments go on meanwhile.
             with self.db.transaction(conn, sites=sites):
-                self.write(conn, batch)
+                if prepared is None:
+                    self.write(conn, batch)
+                else:
+                    self.write(conn, batch, prepared)
         except BaseException:
             batch.usage_totals.clear()
             batch.anonymous_totals.clear()

@@ -3,32 +3,38 @@
     units: list[Accepted]                   (ingest.queue, one per request)
       enrich                -> EventBatch: rows: list[EventRow], usage, the rows that
                                reach back a day       (enrichment.enricher; no transaction)
-      --- BEGIN IMMEDIATE ---
+      decide (reads only; on SQLite before the lock, BatchWriter.prepare):
       browser visitors      -> script events (and their ip+ua's other events) under the
                                browser's visitor id   (enrichment.browser_ids)
       previous_visitor_ids  -> yesterday's visitor id per row  (enrichment.enricher)
-      assign_sessions       -> a session id per row   (attribution.flush: sessions, visitor
+      decide_sessions       -> a SessionPlan          (attribution.flush: sessions, visitor
                                                         links, $identify links)
+      --- BEGIN IMMEDIATE --- (SQLite: the decisions' reads run again; decided again
+                               when an answer changed)
+      write_decided         -> browser links, sessions with their final ids, then
       insert_events         -> events                 (storage.events)
       add_usage             -> monthly_usage totals   (storage.usage)
       --- COMMIT ---        then quota.usage.QuotaGuard.end_commit (ingest/flusher.py)
 
-The flush thread (ingest/flusher.py) runs `enrich`, then `write_batch` inside one
-transaction, so the events, their sessions and the usage they count are stored together
-or not at all.
+The flush thread (ingest/flusher.py) runs `enrich`, then (on SQLite) `BatchWriter.prepare`,
+then the BatchWriter inside one transaction, so the events, their sessions and the usage
+they count are stored together or not at all.
 """
 
 from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
+from typing import NamedTuple
 
-from attribution.flush import assign_sessions
+from attribution.flush import decide_sessions
+from attribution.sessions import SessionPlan
 from enrichment.browser_ids import BrowserVisitors
 from enrichment.enricher import Enricher, EventBatch, previous_visitor_ids
 from ingest.queue import Accepted
 from storage.connection import Connection
-from storage.events import insert_events
+from storage.events import EventRow, insert_events
+from storage.recorded import RecordedReads
 from storage.usage import add_usage
 
 
@@ -37,19 +43,91 @@ def enrich(enricher: Enricher, conn: Connection, units: list[Accepted]) -> Event
         return enricher.build(conn, units)
 
 
-def write_batch(conn: Connection, batch: EventBatch,
-                browser_visitors: BrowserVisitors | None = None) -> None:
-    """The steps after enrich, in the caller's transaction; fills batch.usage_totals."""
+class Decided(NamedTuple):
+    """What write_decided writes for a batch: the browser links and the sessions' plan."""
+
+    links: list[tuple]
+    sessions: SessionPlan
+
+
+def decide(conn: Connection, batch: EventBatch,
+           browser_visitors: BrowserVisitors | None = None) -> Decided:
+    """The steps' decisions, with reads only (batch.rows get their browser visitors)."""
     with collector_paused():
-        if browser_visitors is not None:
-            browser_visitors.apply(conn, batch)  # before sessions: they follow visitors
+        links = browser_visitors.resolve(conn, batch) if browser_visitors is not None else []
         previous = previous_visitor_ids(conn, batch)
-        session_ids = assign_sessions(conn, batch.rows, previous, batch.unlinked)
+        return Decided(links, decide_sessions(conn, batch.rows, previous, batch.unlinked))
+
+
+def write_decided(conn: Connection, batch: EventBatch, decided: Decided) -> None:
+    """The writes of the steps, in the caller's transaction; fills batch.usage_totals."""
+    with collector_paused():
+        if decided.links:
+            BrowserVisitors.write(conn, decided.links)
+        session_ids = write_sessions(conn, decided.sessions)
         insert_events(conn, batch.rows, session_ids)
         for key, (total, anonymous) in add_usage(conn, batch.usage,
                                                  batch.anonymous_usage).items():
             batch.usage_totals[key] = total
             batch.anonymous_totals[key] = anonymous
+
+
+def write_sessions(conn: Connection, plan: SessionPlan) -> list[int | None]:
+    return plan.write(conn)
+
+
+def write_batch(conn: Connection, batch: EventBatch,
+                browser_visitors: BrowserVisitors | None = None) -> None:
+    """The steps after enrich, decided and written in the caller's transaction."""
+    if browser_visitors is not None:
+        browser_visitors.prune(conn)
+    write_decided(conn, batch, decide(conn, batch, browser_visitors))
+
+
+class Prepared(NamedTuple):
+    """A batch decided before the write lock, and the reads the decisions rest on."""
+
+    decided: Decided
+    reads: RecordedReads
+    rows: list[EventRow]  # batch.rows before decide() changed any
+
+
+class BatchWriter:
+    """write_batch for the flush thread (ingest/flusher.py), which on SQLite also calls
+    prepare() before BEGIN IMMEDIATE: the batch is decided outside the write lock, where
+    the other workers' flushes and payments need not wait for it. Under the lock the
+    reads it rested on are run again; when any answer differs (another writer moved a
+    session, linked a browser, made a salt in between) it is decided again there, so the
+    decisions are always those of the data under the lock."""
+
+    def __init__(self, browser_visitors: BrowserVisitors | None = None):
+        self.browser_visitors = browser_visitors
+        self.decided_again = 0  # prepared batches whose reads had changed under the lock
+
+    def prepare(self, conn: Connection, batch: EventBatch) -> Prepared | None:
+        """Decide the batch outside a transaction; None when that is not possible (the
+        day's prune of browser links, a write, is due: the batch is then decided under
+        the lock)."""
+        browser_visitors = self.browser_visitors
+        if browser_visitors is not None:
+            if browser_visitors.prune_due():
+                return None
+            if any(unit.browser_id is not None for unit in batch.units):
+                browser_visitors.ids.key(conn)  # made (written) once, before recording
+        rows = list(batch.rows)
+        reads = RecordedReads(conn)
+        return Prepared(decide(reads, batch, browser_visitors), reads, rows)
+
+    def __call__(self, conn: Connection, batch: EventBatch,
+                 prepared: Prepared | None = None) -> None:
+        if prepared is None:
+            write_batch(conn, batch, self.browser_visitors)
+        elif prepared.reads.unchanged(conn):
+            write_decided(conn, batch, prepared.decided)
+        else:
+            self.decided_again += 1
+            batch.rows[:] = prepared.rows
+            write_batch(conn, batch, self.browser_visitors)
 
 
 @contextmanager

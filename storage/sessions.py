@@ -169,30 +169,33 @@ def sessions_of_visitors(conn: sqlite3.Connection, site_id: int, visitor_ids: li
     return conn.execute(_LOAD_SESSIONS, (orjson.dumps(visitor_ids), site_id, first, last))
 
 
-# On PostgreSQL flushes of different sites run at once (storage/postgres.py), so a new
-# session's id comes from the sessions' id sequence, taken when the batch's new sessions
-# are written (final_session_ids). Until then they carry provisional ids from
-# PROVISIONAL_SESSION_ID on, above any stored id and in the order they were opened, as the
-# final ones are: a flush that finds two candidate sessions picks the same one either way.
+# A batch's new sessions carry provisional ids from PROVISIONAL_SESSION_ID on while it is
+# decided (above any stored id and in the order they were opened, as the final ones are:
+# a flush that finds two candidate sessions picks the same one either way), so that it
+# can be decided before the write lock. Their final ids are taken under the lock
+# (final_session_ids): on SQLite the ones it would give, on PostgreSQL (where flushes of
+# different sites run at once) from the sessions' id sequence.
 PROVISIONAL_SESSION_ID = 1 << 62
 _NEW_SESSION_IDS = native("postgres", "SELECT nextval(pg_get_serial_sequence('sessions', 'id'))"
                                       " FROM generate_series(1, ?) ORDER BY 1")
 
 
 def next_session_id(conn: sqlite3.Connection) -> int:
-    """The id the batch's first new session gets: on SQLite the one SQLite would give (the
-    caller holds the write lock), on PostgreSQL PROVISIONAL_SESSION_ID."""
+    """The id a new session would get next: on SQLite the one SQLite gives (the caller
+    holds the write lock), on PostgreSQL PROVISIONAL_SESSION_ID."""
     if dialect(conn) == "postgres":
         return PROVISIONAL_SESSION_ID
     return (conn.execute(_NEXT_SESSION_ID).fetchone()[0] or 0) + 1
 
 
-def final_session_ids(conn: sqlite3.Connection, count: int) -> list[int] | None:
-    """The ids of `count` new sessions opened with provisional ids, ascending; None when
-    the ids next_session_id gave are final (SQLite)."""
-    if dialect(conn) != "postgres":
-        return None
-    return [row[0] for row in conn.execute(_NEW_SESSION_IDS, (count,))] if count else []
+def final_session_ids(conn: sqlite3.Connection, count: int) -> list[int]:
+    """The ids of `count` new sessions, ascending; the caller holds the write lock."""
+    if not count:
+        return []
+    if dialect(conn) == "postgres":
+        return [row[0] for row in conn.execute(_NEW_SESSION_IDS, (count,))]
+    first = next_session_id(conn)
+    return list(range(first, first + count))
 
 
 def insert_sessions(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:

@@ -12,7 +12,7 @@ import pytest
 from app import create_app
 from enrichment.enricher import Enricher
 from ingest.flusher import Flusher
-from ingest.pipeline import write_batch
+from ingest.pipeline import BatchWriter, write_batch
 from ingest.queue import Accepted, EventQueue
 from quota.usage import QuotaGuard
 from tests.conftest import (
@@ -80,7 +80,7 @@ def test_offer_wakes_the_flush_thread_at_a_quarter_of_the_queue():
 # The flush thread --------------------------------------------------------------------
 
 
-def make_flusher(db, write=write_batch, interval=3600.0, quota=None, queue_max=10_000):
+def make_flusher(db, write=None, interval=3600.0, quota=None, queue_max=10_000):
     clock = FakeClock(NOW_MS / 1000)
     return Flusher(db, EventQueue(queue_max), Enricher(db, clock, counting_bytes()),
                    interval=interval, quota=quota, write=write, busy_timeout_ms=20,
@@ -123,6 +123,30 @@ def test_write_runs_in_one_transaction_and_failures_keep_the_batch(store, db_pat
     assert count(db_path, "SELECT events FROM monthly_usage") == 25
     assert guard.used((1, "2026-09")) == 25  # moved from "held" to "stored", not both
     flusher.stop(timeout=5)
+
+
+def test_the_flush_decides_before_the_write_lock_on_sqlite_and_under_it_on_postgres(
+        store, db_path):
+    class Watched(BatchWriter):
+        def prepare(self, conn, batch):
+            seen.append(("prepare", conn.in_transaction))
+            return super().prepare(conn, batch)
+
+        def __call__(self, conn, batch, prepared=None):
+            seen.append(("write", prepared is not None))
+            super().__call__(conn, batch, prepared)
+
+    seen = []
+    flusher = make_flusher(store, write=Watched())
+    assert flusher.submit(unit(5))
+    assert flusher.flush_now(timeout=WAIT)
+    flusher.stop(timeout=5)
+    if store.dialect == "sqlite":
+        assert seen == [("prepare", False), ("write", True)]
+    else:
+        assert seen == [("write", False)]
+    assert count(db_path) == 5
+    assert count(db_path, "SELECT count(*) FROM sessions") >= 1
 
 
 def test_the_quota_check_never_waits_for_a_commit(store, db_path, monkeypatch):

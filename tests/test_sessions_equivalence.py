@@ -13,9 +13,10 @@ visitor_identities, and the trigger-kept customer_first_touch and first_touch_re
 must be identical. The reference side also keeps the session_visitors trigger as it was
 before its WHEN guard (schema version 8), as PostgreSQL's schema has it.
 
-The flush-level test runs accepted units through Enricher.build and write_batch against
-the reference write (per-visitor writer, yesterday's id hashed for every event, one
-executemany of full rows): receipts around midnight, client `ts` anywhere the endpoint
+The flush-level test runs accepted units through Enricher.build and the flush's
+BatchWriter (decided before the write lock on SQLite) against the reference write
+(per-visitor writer, yesterday's id hashed for every event, one executemany of full
+rows): receipts around midnight, client `ts` anywhere the endpoint
 accepts, two workers flushing in turn (so earlier events arrive late).
 """
 
@@ -33,11 +34,12 @@ from attribution.sessions import Hit, SessionWriter, hosts_of_site
 from enrichment.enricher import Enricher
 from enrichment.urls import campaign, pathname, url_host
 from enrichment.visitor import utc_day
-from ingest.pipeline import write_batch
+from ingest.pipeline import BatchWriter
 from ingest.queue import Accepted
 from storage.backend import open_database
 from storage.db import Database, schema
 from storage.dialect import dialect
+from storage.sessions import PROVISIONAL_SESSION_ID
 from storage.statements import postgres_spelling
 from tests.conftest import FakeClock, config_for, counting_bytes
 from tests.sessions_reference import ReferenceSessionWriter, reference_write_batch
@@ -283,13 +285,12 @@ def accepted_units(rnd: random.Random, site_public_id: str) -> list[Accepted]:
     return units
 
 
-def assert_same_flushes(db_path, tmp_path, flushes: list[tuple[int, list[Accepted]]]) -> list:
-    """The reference write (on SQLite) and write_batch (on the test's database) store the
-    (worker, units) flushes in turn; the tables must match after each. Returns the
-    set-based side's session_visitors rows."""
+def flush_sides(db_path, tmp_path) -> list:
+    """(db, conn, write, two enrichers) of the reference (SQLite) and of the flush's
+    BatchWriter (the test's database), with the same site, customers and salts."""
     sides = []
     for db, write in ((Database(str(tmp_path / "reference.db")), reference_write_batch),
-                      (open_database(config_for(db_path)), write_batch)):
+                      (open_database(config_for(db_path)), BatchWriter())):
         conn = db.connect()
         conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
         conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 'site_1', 1, 0)")
@@ -304,17 +305,35 @@ def assert_same_flushes(db_path, tmp_path, flushes: list[tuple[int, list[Accepte
         salts = counting_bytes()  # both sides create the same salts in the same order
         clock = FakeClock(MIDNIGHT / 1000)
         sides.append((db, conn, write, [Enricher(db, clock, salts), Enricher(db, clock, salts)]))
+    return sides
+
+
+def assert_same_tables(sides) -> None:
+    (_, reference, *_), (_, conn, *_) = sides
+    assert tables(conn) == tables(reference)
+    assert (conn.execute("SELECT * FROM events ORDER BY id").fetchall()
+            == reference.execute("SELECT * FROM events ORDER BY id").fetchall())
+
+
+def assert_same_flushes(db_path, tmp_path, flushes: list[tuple[int, list[Accepted]]]) -> list:
+    """The reference write (on SQLite) and the flush's (on the test's database: on SQLite
+    decided before the lock, as the flush thread does) store the (worker, units) flushes
+    in turn; the tables must match after each. Returns the set-based side's
+    session_visitors rows."""
+    sides = flush_sides(db_path, tmp_path)
     try:
         for worker, chunk in flushes:
             for db, conn, write, enrichers in sides:
                 batch = enrichers[worker].build(conn, chunk)
+                if write is reference_write_batch or db.dialect != "sqlite":
+                    with db.transaction(conn):
+                        write(conn, batch)
+                    continue
+                prepared = write.prepare(conn, batch)
                 with db.transaction(conn):
-                    write(conn, batch)
-            (_, reference, *_), (_, conn, *_) = sides
-            assert tables(conn) == tables(reference)
-            assert (conn.execute("SELECT * FROM events ORDER BY id").fetchall()
-                    == reference.execute("SELECT * FROM events ORDER BY id").fetchall())
-        return conn.execute("SELECT * FROM session_visitors").fetchall()
+                    write(conn, batch, prepared)
+            assert_same_tables(sides)
+        return sides[1][1].execute("SELECT * FROM session_visitors").fetchall()
     finally:
         for _, conn, *_ in sides:
             conn.close()
@@ -363,3 +382,62 @@ def test_the_latest_event_yesterdays_id_can_still_continue(db_path, tmp_path):
     links = assert_same_flushes(db_path, tmp_path, flushes)
     # The first visitor's visit continued under both ids; the second's did not.
     assert sorted(session for _, _, session in links) == [1, 1, 2, 3]
+
+
+def test_a_batch_decided_before_the_lock_is_decided_again_when_its_sessions_moved(
+        db_path, tmp_path):
+    """BatchWriter.prepare decides a flush before BEGIN IMMEDIATE (SQLite); another worker's
+    flush stored in between must leave the same tables as the two flushes in the order
+    they committed."""
+    sides = flush_sides(db_path, tmp_path)
+    (ref_db, reference, reference_write, ref_enrichers), (db, conn, _, enrichers) = sides
+    if db.dialect != "sqlite":
+        pytest.skip("PostgreSQL decides under its per-site lock")
+    writer = BatchWriter()
+    other = db.connect()
+    try:
+        # Worker 0 decides a new session for 81.2.69.1 at 00:20, then worker 1 stores its
+        # event of 00:10 (a session the first one must continue, and whose landing it is),
+        # and a session of another visitor that takes the next session id.
+        late = [request(MIDNIGHT + 20 * MIN, (0, "pageview", "81.2.69.1"))]
+        early = [request(MIDNIGHT + 10 * MIN, (0, "pageview", "81.2.69.1"),
+                         (0, "pageview", "81.2.69.2"))]
+        batch = enrichers[0].build(conn, late)
+        prepared = writer.prepare(conn, batch)
+        assert prepared is not None
+        assert [s for s in prepared.decided.sessions.session_ids if s] == [PROVISIONAL_SESSION_ID]
+        other_batch = enrichers[1].build(other, early)
+        with db.transaction(other):
+            writer(other, other_batch)
+        with db.transaction(conn):
+            writer(conn, batch, prepared)
+        assert writer.decided_again == 1
+        for units, worker in ((early, 1), (late, 0)):
+            ref_batch = ref_enrichers[worker].build(reference, units)
+            with ref_db.transaction(reference):
+                reference_write(reference, ref_batch)
+        assert_same_tables(sides)
+        assert conn.execute("SELECT count(DISTINCT session_id) FROM events").fetchone()[0] == 2
+
+        # Another visitor's session stored in between moves nothing this batch read: the
+        # decision stands, and its new session takes the id after that one.
+        third = [request(MIDNIGHT + 40 * MIN, (0, "pageview", "81.2.69.3"))]
+        fourth = [request(MIDNIGHT + 41 * MIN, (0, "pageview", "81.2.69.4"))]
+        batch = enrichers[0].build(conn, third)
+        prepared = writer.prepare(conn, batch)
+        other_batch = enrichers[1].build(other, fourth)
+        with db.transaction(other):
+            writer(other, other_batch)
+        with db.transaction(conn):
+            writer(conn, batch, prepared)
+        assert writer.decided_again == 1
+        for units, worker in ((fourth, 1), (third, 0)):
+            ref_batch = ref_enrichers[worker].build(reference, units)
+            with ref_db.transaction(reference):
+                reference_write(reference, ref_batch)
+        assert_same_tables(sides)
+        assert conn.execute("SELECT max(session_id) FROM events").fetchone()[0] == 4
+    finally:
+        other.close()
+        for _, side_conn, *_ in sides:
+            side_conn.close()

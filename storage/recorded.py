@@ -1,0 +1,77 @@
+"""Reads made outside a transaction, kept so that they can be checked under the write lock.
+
+The SQLite flush decides a batch (sessions, browser visitors, yesterday's visitor ids)
+before BEGIN IMMEDIATE, on a RecordedReads wrapping its connection: every statement the
+decision runs is a read, and its rows are kept. Under the lock, `unchanged` first asks
+SQLite whether any other connection committed since the decision started (PRAGMA
+data_version, read on the same connection); only then does it run each read again, and
+the same rows mean the decision is the one the data under the lock gives.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+
+from storage.statements import native
+
+
+class _Rows:
+    """The rows of one recorded statement, read as a cursor is."""
+
+    __slots__ = ("_rows", "_next")
+
+    def __init__(self, rows: list):
+        self._rows = rows
+        self._next = 0
+
+    def __iter__(self) -> Iterator:
+        rows, self._next = self._rows[self._next:], len(self._rows)
+        return iter(rows)
+
+    def fetchone(self):
+        if self._next >= len(self._rows):
+            return None
+        self._next += 1
+        return self._rows[self._next - 1]
+
+    def fetchall(self) -> list:
+        rows, self._next = self._rows[self._next:], len(self._rows)
+        return rows
+
+
+class RecordedReads:
+    """A connection for reads only, keeping each statement, its parameters and its rows."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn = conn
+        self._reads: list[tuple[str, Sequence, list]] = []
+        self._version = _data_version(conn)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction
+
+    def execute(self, sql: str, parameters: Sequence = ()) -> _Rows:
+        if sql.lstrip()[:6].upper() not in ("SELECT", "WITH ", "WITH\n"):
+            raise TypeError("a recorded decision only reads: " + sql)
+        rows = self._conn.execute(sql, parameters).fetchall()
+        self._reads.append((sql, parameters, rows))
+        return _Rows(rows)
+
+    def executemany(self, sql: str, parameters) -> None:
+        raise TypeError("a recorded decision only reads: " + sql)
+
+    def unchanged(self, conn: sqlite3.Connection) -> bool:
+        """Whether every recorded read gives the same rows on `conn` now."""
+        if conn is self._conn and _data_version(conn) == self._version:
+            return True  # nothing committed by another connection since the reads
+        return all(conn.execute(sql, parameters).fetchall() == rows
+                   for sql, parameters, rows in self._reads)
+
+
+_DATA_VERSION = native("sqlite", "PRAGMA data_version")
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    return conn.execute(_DATA_VERSION).fetchone()[0]
