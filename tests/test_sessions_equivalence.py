@@ -384,15 +384,15 @@ def test_the_latest_event_yesterdays_id_can_still_continue(db_path, tmp_path):
     assert sorted(session for _, _, session in links) == [1, 1, 2, 3]
 
 
+@pytest.mark.sqlite_only
 def test_a_batch_decided_before_the_lock_is_decided_again_when_its_sessions_moved(
         db_path, tmp_path):
-    """BatchWriter.prepare decides a flush before BEGIN IMMEDIATE (SQLite); another worker's
+    """BatchWriter.prepare decides a flush before BEGIN IMMEDIATE (SQLite; PostgreSQL decides
+    under its per-site lock, tests/test_ingest.py); another worker's
     flush stored in between must leave the same tables as the two flushes in the order
     they committed."""
     sides = flush_sides(db_path, tmp_path)
     (ref_db, reference, reference_write, ref_enrichers), (db, conn, _, enrichers) = sides
-    if db.dialect != "sqlite":
-        pytest.skip("PostgreSQL decides under its per-site lock")
     writer = BatchWriter()
     other = db.connect()
     try:
