@@ -395,6 +395,26 @@ def test_a_batch_decided_before_the_lock_is_decided_again_when_its_sessions_move
     (ref_db, reference, reference_write, ref_enrichers), (db, conn, _, enrichers) = sides
     writer = BatchWriter()
     other = db.connect()
+
+    def overtaken(units, other_units) -> list:
+        """Worker 0 decides `units` before the lock, worker 1 stores `other_units`, then
+        worker 0 writes; the reference stores both in that commit order. Returns worker
+        0's session ids as decided before the lock."""
+        batch = enrichers[0].build(conn, units)
+        prepared = writer.prepare(conn, batch)
+        assert prepared is not None
+        decided = list(prepared.decided.sessions.session_ids)
+        other_batch = enrichers[1].build(other, other_units)
+        with db.transaction(other):
+            writer(other, other_batch)
+        with db.transaction(conn):
+            writer(conn, batch, prepared)
+        for worker_units, worker in ((other_units, 1), (units, 0)):
+            ref_batch = ref_enrichers[worker].build(reference, worker_units)
+            with ref_db.transaction(reference):
+                reference_write(reference, ref_batch)
+        return decided
+
     try:
         # Worker 0 decides a new session for 81.2.69.1 at 00:20, then worker 1 stores its
         # event of 00:10 (a session the first one must continue, and whose landing it is),
@@ -402,20 +422,9 @@ def test_a_batch_decided_before_the_lock_is_decided_again_when_its_sessions_move
         late = [request(MIDNIGHT + 20 * MIN, (0, "pageview", "81.2.69.1"))]
         early = [request(MIDNIGHT + 10 * MIN, (0, "pageview", "81.2.69.1"),
                          (0, "pageview", "81.2.69.2"))]
-        batch = enrichers[0].build(conn, late)
-        prepared = writer.prepare(conn, batch)
-        assert prepared is not None
-        assert [s for s in prepared.decided.sessions.session_ids if s] == [PROVISIONAL_SESSION_ID]
-        other_batch = enrichers[1].build(other, early)
-        with db.transaction(other):
-            writer(other, other_batch)
-        with db.transaction(conn):
-            writer(conn, batch, prepared)
+        decided = overtaken(late, early)
+        assert [s for s in decided if s] == [PROVISIONAL_SESSION_ID]
         assert writer.decided_again == 1
-        for units, worker in ((early, 1), (late, 0)):
-            ref_batch = ref_enrichers[worker].build(reference, units)
-            with ref_db.transaction(reference):
-                reference_write(reference, ref_batch)
         assert_same_tables(sides)
         assert conn.execute("SELECT count(DISTINCT session_id) FROM events").fetchone()[0] == 2
 
@@ -423,18 +432,8 @@ def test_a_batch_decided_before_the_lock_is_decided_again_when_its_sessions_move
         # decision stands, and its new session takes the id after that one.
         third = [request(MIDNIGHT + 40 * MIN, (0, "pageview", "81.2.69.3"))]
         fourth = [request(MIDNIGHT + 41 * MIN, (0, "pageview", "81.2.69.4"))]
-        batch = enrichers[0].build(conn, third)
-        prepared = writer.prepare(conn, batch)
-        other_batch = enrichers[1].build(other, fourth)
-        with db.transaction(other):
-            writer(other, other_batch)
-        with db.transaction(conn):
-            writer(conn, batch, prepared)
+        overtaken(third, fourth)
         assert writer.decided_again == 1
-        for units, worker in ((fourth, 1), (third, 0)):
-            ref_batch = ref_enrichers[worker].build(reference, units)
-            with ref_db.transaction(reference):
-                reference_write(reference, ref_batch)
         assert_same_tables(sides)
         assert conn.execute("SELECT max(session_id) FROM events").fetchone()[0] == 4
     finally:
