@@ -1,7 +1,7 @@
 """GET /api/v1/openapi.json: docs/openapi.yaml, served as JSON without a key.
 
 The YAML is read and converted once, at the first request, so importing the app
-opens no file.
+opens no file and imports no YAML parser.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 
 import orjson
-import yaml
 
 # api/openapi.yaml is a symlink to docs/openapi.yaml, shipped as package data.
 OPENAPI_PATH = files(__package__) / "openapi.yaml"
 
 
 def load_document(path: Traversable = OPENAPI_PATH) -> dict:
+    import yaml
+
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 

@@ -1,24 +1,26 @@
-"""Storage's SQL statements: declared once, at import, and compiled for both engines then.
+"""Storage's SQL statements: declared once, at import; compiled for PostgreSQL on first use.
 
 A statement is written once, in the subset SQLite and PostgreSQL share, with SQLite's `?`
-or `?N` placeholders, and declared at module level with `statement()`. Declaring it
-tokenizes it (strings, quoted names, comments, placeholders, words, operators) and compiles
-its PostgreSQL spelling there and then; the connection only looks the spelling up, so a
-hot path (the flush, payments) pays nothing per call.
+or `?N` placeholders, and declared at module level with `statement()`. Its PostgreSQL
+spelling is compiled (tokenized: strings, quoted names, comments, placeholders, words,
+operators) the first time PostgreSQL runs it and kept on the statement, so a hot path (the
+flush, payments) pays nothing per call, and a process on SQLite never pays for it
+(compiling every declared statement costs about a fifth of importing the app).
 
 The compiler knows a closed list of constructs. It respells the few the two engines spell
 differently (`RESPELLED`), passes through the functions and words they share with one meaning
-(`SHARED_FUNCTIONS`, `SHARED_WORDS`), and refuses anything else with UnsupportedSQL, at
-import: a function it does not know, SQLite-only syntax (INSERT OR REPLACE, GLOB, `==`,
-`a IS b` between values), PostgreSQL-only syntax (`::`, `$1`), a placeholder style it cannot
-map. Where the engines differ in substance a statement is declared per engine with
-`by_dialect()`, each text in its engine's own spelling (placeholders still `?`).
+(`SHARED_FUNCTIONS`, `SHARED_WORDS`), and refuses anything else with UnsupportedSQL: a
+function it does not know, SQLite-only syntax (INSERT OR REPLACE, GLOB, `==`, `a IS b`
+between values), PostgreSQL-only syntax (`::`, `$1`), a placeholder style it cannot map.
+Where the engines differ in substance a statement is declared per engine with `by_dialect()`,
+each text in its engine's own spelling (placeholders still `?`).
 
 Dynamic statements (filters, segments) are composed from declared fragments: `fragment()`
 declares a piece with a probe statement it completes (so the suite can prepare it on both
 engines), and `compose()` joins declared pieces into a statement, compiled once per text.
 `REGISTRY` holds every declared statement and fragment probe: tests/test_statements.py
-prepares each on both engines.
+compiles and prepares each on both engines, so a construct the compiler refuses fails the
+suite, not a PostgreSQL deployment.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
+from collections.abc import Callable
 from typing import NamedTuple
 
 import orjson
@@ -415,11 +418,15 @@ def translate_native(sql: str) -> Compiled:
 
 class Statement(str):
     """A declared statement: its SQLite text (the str itself) and its compiled PostgreSQL
-    spelling (None: a statement for SQLite only)."""
+    spelling (None: a statement for SQLite only), compiled on first use."""
 
-    postgres: Compiled | None
     engines: tuple[str, ...]
     module: str
+    _compile: Callable[[str], Compiled] | None
+
+    @functools.cached_property
+    def postgres(self) -> Compiled | None:
+        return None if self._compile is None else self._compile(str(self))
 
 
 class Fragment(str):
@@ -454,18 +461,19 @@ def _caller_module() -> str:
     return sys._getframe(2).f_globals.get("__name__", "?")
 
 
-def _make(sql: str, postgres: Compiled | None, engines: tuple[str, ...], module: str) -> Statement:
+def _make(sql: str, compile_postgres: Callable[[str], Compiled] | None, engines: tuple[str, ...],
+          module: str) -> Statement:
     made = Statement(sql)
-    made.postgres = postgres
+    made._compile = compile_postgres
     made.engines = engines
     made.module = module
     return made
 
 
 def statement(sql: str) -> Statement:
-    """Declare a statement written in the shared subset; compiles it for PostgreSQL now."""
+    """Declare a statement written in the shared subset."""
     module = _caller_module()
-    made = _make(sql, translate(sql), ENGINES, module)
+    made = _make(sql, translate, ENGINES, module)
     REGISTRY.append(Probe(sql, ENGINES, module, False))
     return made
 
@@ -477,7 +485,7 @@ def by_dialect(*, sqlite: str, postgres: str) -> dict[str, Statement]:
     REGISTRY.append(Probe(sqlite, ("sqlite",), module, False))
     REGISTRY.append(Probe(postgres, ("postgres",), module, True))
     return {"sqlite": _make(sqlite, None, ("sqlite",), module),
-            "postgres": _make(postgres, translate_native(postgres), ("postgres",), module)}
+            "postgres": _make(postgres, translate_native, ("postgres",), module)}
 
 
 EMPTY = Fragment("")
@@ -497,7 +505,6 @@ def fragment(sql: str, probe: str) -> Fragment:
     `{slot}`s of its own (filled by Fragment.format), left empty in the probe."""
     module = _caller_module()
     whole = probe.replace("{}", sql.format_map(_Blank()))
-    translate(whole)
     REGISTRY.append(Probe(whole, ENGINES, module, False))
     return Fragment(sql)
 
@@ -527,7 +534,6 @@ def template(sql: str, *probes: dict[str, Fragment]) -> Template:
     module = _caller_module()
     for probe in probes or ({},):
         whole = sql.format_map(_Blank(probe))
-        translate(whole)
         REGISTRY.append(Probe(whole, ENGINES, module, False))
     return Template(sql)
 
@@ -542,7 +548,7 @@ def compose(*pieces: str) -> Statement:
 
 @functools.lru_cache(maxsize=4096)
 def _composed(sql: str) -> Statement:
-    return _make(sql, translate(sql), ENGINES, "composed")
+    return _make(sql, translate, ENGINES, "composed")
 
 
 def native(engine: str, sql: str) -> Statement:
@@ -550,10 +556,10 @@ def native(engine: str, sql: str) -> Statement:
     catalog query); run on the other engine it raises UnsupportedSQL."""
     module = _caller_module()
     REGISTRY.append(Probe(sql, (engine,), module, engine == "postgres"))
-    return _make(sql, translate_native(sql) if engine == "postgres" else None, (engine,), module)
+    return _make(sql, translate_native if engine == "postgres" else None, (engine,), module)
 
 
 def postgres_spelling(sql: str) -> Statement:
     """A statement in PostgreSQL's own spelling that no module declares: one PostgreSQL
     writes itself (storage/check.py's foreign key checks) or a test's own."""
-    return _make(sql, translate_native(sql), ("postgres",), "undeclared")
+    return _make(sql, translate_native, ("postgres",), "undeclared")

@@ -236,9 +236,16 @@ def test_constructs_outside_the_closed_list_are_refused(sql):
         translate(sql)
 
 
-def test_a_refused_statement_fails_where_it_is_declared():
-    with pytest.raises(UnsupportedSQL):
-        statement("INSERT OR REPLACE INTO t (a) VALUES (?)")
+def test_a_refused_statement_is_in_the_probes_and_fails_on_postgresql():
+    """Compiled on first use, so a process on SQLite never pays for it; the probes above
+    compile every declared statement, so the suite fails on it before any deployment."""
+    refused = statement("INSERT OR REPLACE INTO t (a) VALUES (?)")
+    try:
+        assert REGISTRY[-1].sql == refused
+        with pytest.raises(UnsupportedSQL):
+            refused.postgres  # noqa: B018 - compiling is the point
+    finally:
+        REGISTRY.pop()
 
 
 def test_placeholders_literals_and_comments():

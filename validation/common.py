@@ -11,8 +11,7 @@ import math
 import re
 from decimal import Decimal
 
-import iso4217
-import pycountry
+from validation.iso_codes import COUNTRY_CODES, CURRENCY_MINOR_UNITS
 
 # A real timestamp for messages that must show one.
 RFC3339_EXAMPLE = "2026-01-31T09:30:00Z"
@@ -37,15 +36,10 @@ _EPOCH_ORDINAL = datetime.date(1970, 1, 1).toordinal()
 _MIN_UNIX_SECONDS = (datetime.date(1, 1, 1).toordinal() - _EPOCH_ORDINAL) * 86_400
 _MAX_UNIX_SECONDS = (datetime.date(9999, 12, 31).toordinal() - _EPOCH_ORDINAL + 1) * 86_400 - 1
 
-# ISO 4217 list one (the iso4217 package ships the maintainer's XML table), minor units
-# as published: None where ISO says "N.A." (gold, SDR, the test code XTS, XXX).
-_MINOR_UNITS: dict[str, int | None] = {
-    code: (int(entry["CcyMnrUnts"]) if entry["CcyMnrUnts"].isdigit() else None)
-    for code, entry in iso4217.raw_table.items()
-    if code and entry["CcyMnrUnts"]
-}
-CURRENCY_CODES = frozenset(_MINOR_UNITS)
-COUNTRY_CODES = frozenset(country.alpha_2 for country in pycountry.countries)
+# ISO 4217 list one (the iso4217 package's table), minor units as published: None where
+# ISO says "N.A." (gold, SDR, the test code XTS, XXX); ISO 3166-1 from pycountry. Both are
+# read from validation/iso_codes.py, which scripts/iso_codes.py writes from those packages.
+CURRENCY_CODES = frozenset(CURRENCY_MINOR_UNITS)
 
 
 class InvalidTimestamp(ValueError):
@@ -119,7 +113,7 @@ def minor_unit_exponent(currency: str) -> int | None:
     None for codes without a minor unit in ISO 4217 (XAU, XDR, XTS, XXX, ...): amounts in
     them are kept as given and not rounded. KeyError for a code that is not ISO 4217.
     """
-    return _MINOR_UNITS[currency.upper()]
+    return CURRENCY_MINOR_UNITS[currency.upper()]
 
 
 def json_decimal(value: object) -> Decimal:
