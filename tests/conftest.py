@@ -325,6 +325,27 @@ def cli_json(*args: str, db: str, env: dict | None = None) -> dict:
     return orjson.loads(run_cli(*args, "--json", db=db, env=env).stdout)
 
 
+def provision(db: str, *, name: str = "Shop", plan: str = "free", host: str = "shop.example",
+              scopes: tuple[str, ...] = ("events",)) -> tuple[dict, dict, dict]:
+    """(account, site, key) as `tally account create`, `tally site create` and `tally key
+    create --json` print them, made by the same storage.directory calls in this process:
+    for tests whose subject is what comes after (a server, a client). Three `tally`
+    processes would cost each such test about half a CPU second; tests/test_cli.py runs
+    the commands themselves."""
+    from storage.backend import open_database
+    from storage.directory import Directory
+
+    database = open_database(config_for(db))
+    try:
+        directory = Directory(database, time.time)
+        account = directory.create_account(name, plan)
+        site = directory.create_site(account["id"], [host])
+        key = directory.create_key(site["id"], scopes)
+    finally:
+        database.close()
+    return account, site, key
+
+
 def copy_database(source: str, target: str) -> str:
     """A copy of the SQLite file `source` as the database `target` (a path or a URL):
     SQLite's backup, or `tally migrate-to-postgres`'s copy. Returns `target`."""

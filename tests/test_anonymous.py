@@ -31,6 +31,7 @@ from tests.conftest import (
     execute,
     http,
     is_postgres,
+    provision,
     rows,
     run_cli,
     wait_until,
@@ -481,10 +482,8 @@ def test_a_version_15_database_gains_the_anonymous_column(service, db_path):
 
 @pytest.mark.slow
 def test_under_gunicorn_a_flood_stops_and_keyed_traffic_goes_on(db_path, server_factory):
-    account = cli_json("account", "create", "--name", "Flooded", "--plan", "free", db=db_path)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "a.test",
-                    db=db_path)["id"]
-    key = cli_json("key", "create", "--site", site, "--scope", "events", db=db_path)["key"]
+    account, site, key = provision(db_path, name="Flooded", host="a.test")
+    site, key = site["id"], key["key"]
     limit = PLANS["free"].anonymous_limit(10)
     month = month_of(time.time())
     execute(db_path, "INSERT INTO monthly_usage (account_id, month, events, anonymous)"

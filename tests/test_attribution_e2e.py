@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from attribution.build_sources import GOOGLE_LIST
-from tests.conftest import WAIT, bearer, http
+from tests.conftest import WAIT, bearer, http, provision
 
 UA = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
 UA_PHONE = ("Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 "
@@ -186,13 +186,9 @@ def test_a_visit_open_at_midnight_keeps_its_first_touch(api, clock):
 
 @pytest.mark.slow
 def test_end_to_end_against_gunicorn(server_factory, db_path, tmp_path):
-    from tests.conftest import cli_json
-
-    account = cli_json("account", "create", "--name", "E2E", db=db_path)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "example.com",
-                    db=db_path)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
-                   "payments", "--scope", "read", db=db_path)["key"]
+    _, site, key = provision(db_path, name="E2E", host="example.com",
+                             scopes=("events", "payments", "read"))
+    key = key["key"]
     server = server_factory(db_path, workers=2, env={"TALLY_FLUSH_INTERVAL": "0.05"})
     headers = {**bearer(key), "Content-Type": "application/json"}
 

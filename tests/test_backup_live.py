@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.conftest import WAIT, bearer, cli_json, http, is_postgres, rows
+from tests.conftest import WAIT, bearer, cli_json, http, is_postgres, provision, rows
 
 pytestmark = pytest.mark.slow
 
@@ -19,10 +19,9 @@ UA = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
 
 def test_backups_under_load_are_consistent_and_restore(db_path, server_factory, tmp_path,
                                                        restore_backup):
-    account = cli_json("account", "create", "--name", "Backup", "--plan", "scale", db=db_path)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "b.example", db=db_path)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
-                   "payments", "--scope", "read", db=db_path)["key"]
+    _, site, key = provision(db_path, name="Backup", plan="scale", host="b.example",
+                             scopes=("events", "payments", "read"))
+    key = key["key"]
     server = server_factory(db_path, workers=2)
     headers = {**bearer(key), "Content-Type": "application/json"}
     payment = {"payment_id": "pay_before_backup", "amount": 12, "currency": "EUR", "kind": "charge",

@@ -7,7 +7,7 @@ import http.client
 import orjson
 import pytest
 
-from tests.conftest import WAIT, cli_json
+from tests.conftest import WAIT, provision
 
 
 def _chunked_post(server, path, body: bytes, key: str):
@@ -32,9 +32,8 @@ def _chunked_post(server, path, body: bytes, key: str):
 
 @pytest.mark.slow
 def test_chunked_bodies_are_read_and_bounded(db_path, server_factory):
-    account = cli_json("account", "create", "--name", "A", db=db_path)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "a.test", db=db_path)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "payments", db=db_path)["key"]
+    _, site, key = provision(db_path, name="A", host="a.test", scopes=("payments",))
+    key = key["key"]
     server = server_factory(db_path, workers=1)
     payment = {"payment_id": "chunked-1", "customer": {"id": "c1"}, "amount": 10,
                "currency": "EUR", "kind": "charge", "paid_at": "2026-01-31T09:30:00Z"}

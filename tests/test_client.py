@@ -15,10 +15,9 @@ from quota.usage import month_of
 from tests.conftest import (
     WAIT,
     WriteLock,
-    cli_json,
     execute,
+    provision,
     rows,
-    run_cli,
     servers_per_backend,
     wait_until,
 )
@@ -30,11 +29,7 @@ URL = "https://shop.example/pricing"
 
 
 def make_site(db: str, plan: str = "growth") -> dict:
-    run_cli("init", db=db)
-    account = cli_json("account", "create", "--name", "Shop", "--plan", plan, db=db)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "shop.example", db=db)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
-                   "payments", "--scope", "read", db=db)
+    account, site, key = provision(db, plan=plan, scopes=("events", "payments", "read"))
     return {"account": account["id"], "site": site["id"], "key": key["key"]}
 
 

@@ -24,11 +24,11 @@ from tests.conftest import (
     Server,
     WriteLock,
     bearer,
-    cli_json,
     fill_postgres_disk,
     free_postgres_disk,
     http,
     is_postgres,
+    provision,
     rows,
     run_cli,
 )
@@ -44,10 +44,8 @@ pytestmark = [
 
 
 def seed(db: str) -> dict:
-    account = cli_json("account", "create", "--name", "Faults", "--plan", "scale", db=db)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "example.com", db=db)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
-                   "payments", "--scope", "read", db=db)
+    _, site, key = provision(db, name="Faults", plan="scale", host="example.com",
+                             scopes=("events", "payments", "read"))
     return {"site": site["id"], "headers": {**bearer(key["key"]), "Content-Type": "application/json"}}
 
 

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import BIN, REPO, cli_json, run_cli
+from tests.conftest import BIN, REPO, provision, run_cli
 from tests.test_openapi import PENDING
 
 FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "0"))
@@ -39,10 +39,8 @@ def failures(output: str) -> str:
 
 @pytest.mark.slow
 def test_schemathesis_finds_no_violation(db_path, server_factory, tmp_path):
-    account = cli_json("account", "create", "--name", "Fuzz", "--plan", "scale", db=db_path)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "example.com", db=db_path)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
-                   "payments", "--scope", "read", db=db_path)
+    _, site, key = provision(db_path, name="Fuzz", plan="scale", host="example.com",
+                             scopes=("events", "payments", "read"))
     # With metrics on, /metrics answers the fuzzer's API key 401 as documented (off, it is 404).
     # No per-address rate on collect: the fuzzer's many requests from one address would
     # meet 429 too_many_requests before the checks it is here to try (tests/test_anonymous.py).

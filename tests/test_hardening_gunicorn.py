@@ -8,18 +8,16 @@ import socket
 import orjson
 import pytest
 
-from tests.conftest import WAIT, Server, cli_json
+from tests.conftest import WAIT, Server, provision
 from tests.test_startup_faults import assert_refused
 
 pytestmark = pytest.mark.slow
 
 
 def serve(db: str):
-    account = cli_json("account", "create", "--name", "H", "--plan", "scale", db=db)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "example.com", db=db)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
-                   "payments", db=db)["key"]
-    return Server(db, workers=2).wait_ready(), site["id"], key
+    _, site, key = provision(db, name="H", plan="scale", host="example.com",
+                             scopes=("events", "payments"))
+    return Server(db, workers=2).wait_ready(), site["id"], key["key"]
 
 
 @pytest.fixture(scope="module")

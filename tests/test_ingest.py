@@ -20,11 +20,11 @@ from tests.conftest import (
     FakeClock,
     WriteLock,
     bearer,
-    cli_json,
     config_for,
     counting_bytes,
     http,
     is_postgres,
+    provision,
     rows,
 )
 from validation.event import parse_events
@@ -267,10 +267,7 @@ def test_first_submit_starts_the_thread_when_start_was_never_called(store, db_pa
 
 
 def setup_site(db_path: str, plan: str = "scale") -> tuple[str, str, str]:
-    account = cli_json("account", "create", "--name", "Drain", "--plan", plan, db=db_path)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "example.com",
-                    db=db_path)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", db=db_path)
+    account, site, key = provision(db_path, name="Drain", plan=plan, host="example.com")
     return account["id"], site["id"], key["key"]
 
 

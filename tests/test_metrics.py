@@ -23,11 +23,11 @@ from tests.conftest import (
     WriteLock,
     _without_database,
     bearer,
-    cli_json,
     config_for,
     database_env,
     free_port,
     http,
+    provision,
 )
 from tests.test_quota import seed_usage
 
@@ -128,13 +128,11 @@ class Served:
 @pytest.mark.slow
 def test_counters_after_known_traffic_add_up_over_two_workers(db_path, tmp_path):
     db = db_path
-    account = cli_json("account", "create", "--name", "Metrics", db=db)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "m.example", db=db)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
-                   "payments", "--scope", "read", db=db)["key"]
-    full = cli_json("account", "create", "--name", "Over quota", db=db)
-    full_site = cli_json("site", "create", "--account", full["id"], "--host", "q.example", db=db)
-    full_key = cli_json("key", "create", "--site", full_site["id"], "--scope", "events", db=db)["key"]
+    account, site, key = provision(db, name="Metrics", host="m.example",
+                                   scopes=("events", "payments", "read"))
+    key = key["key"]
+    full, full_site, full_key = provision(db, name="Over quota", host="q.example")
+    full_key = full_key["key"]
     seed_usage(db, full["id"], 11_000, month=time.strftime("%Y-%m", time.gmtime()))
 
     server = Served(tmp_path, db, {"TALLY_METRICS_TOKEN": TOKEN, "TALLY_QUEUE_MAX": "50",

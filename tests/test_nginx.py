@@ -23,10 +23,10 @@ from tests.conftest import (
     WAIT,
     _without_database,
     bearer,
-    cli_json,
     database_env,
     free_port,
     http,
+    provision,
     rows,
 )
 from tests.realparts import require
@@ -112,16 +112,11 @@ class Stack:
     """nginx in front of `tally serve` on `db`, with a site and an account over quota."""
 
     def __init__(self, tmp: Path, db: str):
-        account = cli_json("account", "create", "--name", "Proxied", "--plan", "scale", db=db)
-        site = cli_json("site", "create", "--account", account["id"], "--host", "shop.example",
-                        db=db)
-        key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
-                       "read", db=db)["key"]
-        full = cli_json("account", "create", "--name", "Over quota", db=db)
-        full_site = cli_json("site", "create", "--account", full["id"], "--host", "q.example",
-                             db=db)
-        full_key = cli_json("key", "create", "--site", full_site["id"], "--scope", "events",
-                            db=db)["key"]
+        account, site, key = provision(db, name="Proxied", plan="scale",
+                                       scopes=("events", "read"))
+        key = key["key"]
+        full, full_site, full_key = provision(db, name="Over quota", host="q.example")
+        full_key = full_key["key"]
         seed_usage(db, full["id"], 11_000, month=time.strftime("%Y-%m", time.gmtime()))
 
         port = free_port()

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from tests.conftest import WAIT, bearer, cli_json, http, rows, servers_per_backend
+from tests.conftest import WAIT, bearer, http, provision, rows, servers_per_backend
 from tests.test_payments_http import FULL, body_of_size
 
 pytestmark = pytest.mark.slow
@@ -25,9 +25,8 @@ def served(servers, backend):
     """(server, key, count): the module's server on the test's backend and a site of the
     test's own, whose rows count(table) counts."""
     server, db = servers(backend)
-    account = cli_json("account", "create", "--name", "Shop", db=db)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "shop.test", db=db)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "payments", db=db)["key"]
+    _, site, key = provision(db, host="shop.test", scopes=("payments",))
+    key = key["key"]
 
     def count(table: str) -> int:
         sql = (f"SELECT count(*) AS n FROM {table} t"  # noqa: S608 - fixed names

@@ -14,7 +14,7 @@ import time
 import orjson
 import pytest
 
-from tests.conftest import WAIT, bearer, cli_json, http, rows, run_cli, wait_until
+from tests.conftest import WAIT, bearer, cli_json, http, provision, rows, run_cli, wait_until
 from tests.routes import payment
 
 pytestmark = pytest.mark.slow
@@ -26,10 +26,8 @@ BROWSER = {"User-Agent": "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KH
 
 
 def seed(db: str, plan: str = "scale") -> dict:
-    account = cli_json("account", "create", "--name", "Hosts", "--plan", plan, db=db)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "example.com", db=db)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", "--scope",
-                   "payments", "--scope", "read", db=db)
+    account, site, key = provision(db, name="Hosts", plan=plan, host="example.com",
+                                   scopes=("events", "payments", "read"))
     return {"account": account["id"], "site": site["id"], "key": key,
             "headers": {**bearer(key["key"]), "Content-Type": "application/json"}}
 

@@ -21,6 +21,7 @@ from tests.conftest import (
     config_for,
     execute,
     http,
+    provision,
     rows,
     run_cli,
     wait_until,
@@ -255,10 +256,7 @@ def test_usage_command(worker, db_path):
 
 @pytest.mark.slow
 def test_every_worker_refuses_within_the_bound(db_path, server_factory):
-    account = cli_json("account", "create", "--name", "Busy", "--plan", "free", db=db_path)
-    site = cli_json("site", "create", "--account", account["id"], "--host", "example.com",
-                    db=db_path)
-    key = cli_json("key", "create", "--site", site["id"], "--scope", "events", db=db_path)
+    account, site, key = provision(db_path, name="Busy", host="example.com")
     flush_interval = 0.2
     server = server_factory(db_path, workers=3, env={"TALLY_FLUSH_INTERVAL": str(flush_interval)})
     url = server.url + "/api/v1/events"
