@@ -93,8 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       flush=True)
                 first += args.payments
         finally:
-            if store is not None and hasattr(store, "close"):
-                store.close()
+            if store is not None and hasattr(store, "stop"):
+                store.stop()
             db.close()
     return 0
 
