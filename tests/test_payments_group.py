@@ -274,3 +274,38 @@ def test_an_error_psycopg_reads_before_the_items_sync_stays_in_its_savepoint(sto
     assert "group_items_pkey" in str(failures[1])
     stored = rows(db_path, "SELECT item FROM group_items ORDER BY 1")
     assert [row["item"] for row in stored] == [1, 3, 4]
+
+
+def test_a_group_a_deadlock_ended_runs_again_and_its_payment_is_stored(store, db_path,
+                                                                       payments):
+    """Another transaction holds the row the writer's payment waits for, then waits for
+    the site lock the writer holds: the server ends the writer's transaction (a deadlock),
+    which frees the lock, and the writer runs its group again once the other is done."""
+    if not is_postgres(db_path):
+        pytest.skip("SQLite has one writer: no deadlock between two")
+    from storage.postgres import _SITE_LOCKS, SITE_LOCK_KEY
+
+    group = payments.group
+    payments.upsert(1, payment(GOOD[0]))
+    writer_pid = group._conn.raw.info.backend_pid
+    other = store.connect()
+    try:
+        # Only the writer's deadlock check finds the cycle: it runs first, after 1 s.
+        other.raw.execute("SET deadlock_timeout = '600s'")
+        other.raw.execute("BEGIN")
+        other.raw.execute("SELECT 1 FROM customers WHERE site_id = 1 AND customer_id = %s"
+                          " FOR UPDATE", (f"cus_{GOOD[0]}",))
+        threads, failures = upsert_in_threads(payments, [GOOD[0]])
+        assert wait_until(lambda: rows(
+            db_path, "SELECT count(*) AS n FROM pg_locks WHERE pid = ? AND NOT granted",
+            (writer_pid,))[0]["n"] == 1)
+        other.raw.execute(_SITE_LOCKS, (SITE_LOCK_KEY, [1]))  # granted once the writer's ends
+        assert threads[0].is_alive()  # not answered: its group waits to run again
+        other.raw.execute("ROLLBACK")
+    finally:
+        other.close()
+    join(threads)
+    assert not failures
+    assert group.groups == 2 and group.connections == 1
+    stored = rows(db_path, "SELECT payment_id FROM payments ORDER BY 1")
+    assert [row["payment_id"] for row in stored] == [GOOD[0]]
