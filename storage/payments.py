@@ -1,16 +1,17 @@
 """Payments, their customers and subscriptions: one durable upsert per request.
 
-`PaymentStore.upsert` writes the payment, its customer and its subscription inside a
-BEGIN IMMEDIATE ... COMMIT on a synchronous=FULL connection, so when it returns the
-payment is on disk. Errors come out as storage.db's StorageBusy / StorageError.
+`PaymentStore.upsert` writes the payment, its customer and its subscription and returns
+once they are committed and durable (SQLite's synchronous=FULL, PostgreSQL's
+synchronous_commit). Errors come out as storage.db's StorageBusy / StorageError.
 
-On SQLite the commits are grouped: a worker's payments go to one writer thread, which
-takes every payment waiting into one transaction, each inside a SAVEPOINT of its own (a
-payment that fails is rolled back alone and only its request sees the error), and
-answers each request once the COMMIT is on disk. One fsync and one wait for the write
-lock then serve all the payments that arrived meanwhile, instead of one each. PostgreSQL
-keeps a transaction per payment (its commits share WAL flushes on the server), sent in
-pipeline mode: a round trip per result read instead of one per statement.
+The commits are grouped: a worker's payments go to one writer thread with a connection
+of its own, which takes every payment waiting into one transaction (on PostgreSQL
+holding the locks of their sites only), each inside a SAVEPOINT of its own (a payment
+that fails is rolled back alone and only its request sees the error), and answers each
+request once the COMMIT is durable. One lock wait, one commit and one log flush then
+serve all the payments that arrived meanwhile, instead of one each. On PostgreSQL the
+group is pipelined with a Sync after each payment (PostgresDatabase.grouped_transaction),
+and a group that a deadlock or serialization failure ended runs again.
 """
 
 from __future__ import annotations

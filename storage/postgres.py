@@ -694,24 +694,20 @@ class PostgresDatabase:
 
     @contextmanager
     def transaction(self, conn: PostgresConnection | None = None, *,
-                    sites: Collection[int] | None = None, pipelined: bool = False):
+                    sites: Collection[int] | None = None):
         """BEGIN ... COMMIT holding the write lock; with `sites`, only those sites' locks
         and the write lock shared: for a transaction that writes only rows of those sites
-        (and monthly usage, by upsert), which then never waits for other sites'.
-        `pipelined`: BEGIN to COMMIT in pipeline mode (PostgresConnection.pipeline), for a
-        block of statements that reads few results and copies nothing; the block returns
-        once the COMMIT has answered."""
+        (and monthly usage, by upsert), which then never waits for other sites'."""
         conn = conn or self.conn()
         if conn.replica:
             conn = self._writer(conn)
         try:
-            with conn.pipeline() if pipelined else nullcontext():
-                if sites is None:
-                    conn.execute("BEGIN IMMEDIATE")
-                else:
-                    conn.begin_sites(sites)
-                yield conn
-                conn.commit()
+            if sites is None:
+                conn.execute("BEGIN IMMEDIATE")
+            else:
+                conn.begin_sites(sites)
+            yield conn
+            conn.commit()
         except BaseException as exc:
             _abandon(conn)
             if isinstance(exc, psycopg.Error):
