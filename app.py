@@ -133,6 +133,7 @@ class Tally:
         self.wsgi.add_route("/api/v1/collect", self.collect)
         self.wsgi.add_route("/js/tally.js", TrackerScript())
         self.payments = PaymentStore(db, clock)
+        self.services.append(self.payments)
         self.wsgi.add_route("/api/v1/payments", PaymentsResource(self.auth, self.payments))
         self.wsgi.add_route("/api/v1/payments/{payment_id}", PaymentRecord(self.auth, db))
         self.wsgi.add_route("/api/v1/customers/{customer_id}", CustomerRecord(self.auth, db))

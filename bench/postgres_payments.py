@@ -1,12 +1,15 @@
 """Payments straight through storage.payments.PaymentStore on PostgreSQL, no HTTP.
 
-    .venv/bin/python -m bench.postgres_payments [--url URL] [--payments 600] [--threads 6]
+    .venv/bin/python -m bench.postgres_payments [--url URL] [--payments 600] [--clients 1 8 32]
 
 Into a fresh database of the server at --url (default TALLY_BENCH_DATABASE_URL or the test
-server), one site: `--payments` upserts one after another (payments/s and the p50/p99 of
-each upsert's wall time), then as many again from `--threads` threads at once. Each
-payment has a customer (500 of them, so most upserts merge one) and a subscription (300,
-so most refresh one). Compare two versions of the code back to back on one machine.
+server), one site: for each number of clients, `--payments` upserts shared among that many
+threads, each upserting one after another and giving its pooled connection back after each
+(as a request does). Per round: payments/s, the p50/p99 of an upsert's wall time, and the
+CPU a payment cost the server (its backends for the bench database, /proc/<pid>/stat) and
+this process. Each payment has a customer (500 of them, so most upserts merge one) and a
+subscription (300, so most refresh one). Compare two versions of the code back to back on
+one machine; the server's CPU a payment is the figure load disturbs least.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from bench.measure import postgres_database
+from bench.measure import DatabaseProbe, cpu_seconds, postgres_database
 from config import Config
 from storage.backend import open_database
 from storage.directory import Directory
@@ -36,48 +39,62 @@ def payment(n: int):
         "subscription": {"id": f"sub_{n % 300}", "status": "active"}})
 
 
+def run_round(db, store: PaymentStore, site_id: int, clients: int, payments: int,
+              first: int, url: str) -> str:
+    each = max(1, payments // clients)
+    waits: list[list[float]] = [[] for _ in range(clients)]
+
+    def upserts(k: int) -> None:
+        for n in range(first + k * each, first + (k + 1) * each):
+            started = time.perf_counter()
+            store.upsert(site_id, payment(n))
+            db.release()
+            waits[k].append(time.perf_counter() - started)
+
+    threads = [threading.Thread(target=upserts, args=(k,)) for k in range(clients)]
+    probe = DatabaseProbe(url).start()
+    own_cpu = cpu_seconds(os.getpid())
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    own_cpu = cpu_seconds(os.getpid()) - own_cpu
+    server_cpu = probe.finish()
+    every = sorted(w for client in waits for w in client)
+    done = len(every)
+    return (f"{clients:>3} clients: {done / elapsed:7,.0f} payments/s,"
+            f" p50 {every[done // 2] * 1000:6.2f} ms, p99 {every[int(done * 0.99)] * 1000:6.2f} ms,"
+            f" server CPU {server_cpu / done * 1e6:6,.0f} us/payment,"
+            f" bench process CPU {own_cpu / done * 1e6:6,.0f} us/payment")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.postgres_payments",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=DEFAULT_URL)
-    parser.add_argument("--payments", type=int, default=600)
-    parser.add_argument("--threads", type=int, default=6,
-                        help="at most the pool's connections less one")
+    parser.add_argument("--payments", type=int, default=600, help="upserts a round")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32],
+                        help="a round for each: threads upserting at once")
     args = parser.parse_args(argv)
     with postgres_database(args.url, "bench_payments") as url:
         db = open_database(Config(database_url=url))
+        store = None
         try:
             directory = Directory(db, time.time)
             account = directory.create_account("Bench", "scale")
             site = directory.find_site(directory.create_site(account["id"], ["a.example"])["id"])
-            store = PaymentStore(db, time.time)
-            waits = []
-            for n in range(args.payments):
-                started = time.perf_counter()
-                store.upsert(site.id, payment(n))
-                waits.append(time.perf_counter() - started)
             db.release()
-            waits.sort()
-            print(f"one after another: {len(waits) / sum(waits):,.0f} payments/s, "
-                  f"p50 {waits[len(waits) // 2] * 1000:.2f} ms, "
-                  f"p99 {waits[int(len(waits) * 0.99)] * 1000:.2f} ms")
-            each = max(1, args.payments // args.threads)
-
-            def upserts(first: int) -> None:
-                for n in range(first, first + each):
-                    store.upsert(site.id, payment(n))
-                db.release()
-
-            threads = [threading.Thread(target=upserts, args=(args.payments + k * each,))
-                       for k in range(args.threads)]
-            started = time.perf_counter()
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            print(f"{args.threads} threads at once: "
-                  f"{each * args.threads / (time.perf_counter() - started):,.0f} payments/s")
+            store = PaymentStore(db, time.time)
+            first = 0
+            for clients in args.clients:
+                print(run_round(db, store, site.id, clients, args.payments, first, url),
+                      flush=True)
+                first += args.payments
         finally:
+            if store is not None and hasattr(store, "stop"):
+                store.stop()
             db.close()
     return 0
 

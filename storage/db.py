@@ -323,6 +323,12 @@ class Database:
                 raise self._error(exc) from exc
             raise
 
+    def grouped_transaction(self, conn: sqlite3.Connection, items: list,
+                            write: Callable[[object], None], *,
+                            sites=None) -> list[BaseException | None]:
+        """grouped_transaction below (`sites`: as transaction's; SQLite has one writer)."""
+        return grouped_transaction(conn, items, write)
+
     @contextmanager
     def storage_errors(self):
         """Maps sqlite's errors inside the block as transaction() does, for a read on the

@@ -1,23 +1,26 @@
 """Payments, their customers and subscriptions: one durable upsert per request.
 
-`PaymentStore.upsert` writes the payment, its customer and its subscription inside a
-BEGIN IMMEDIATE ... COMMIT on a synchronous=FULL connection, so when it returns the
-payment is on disk. Errors come out as storage.db's StorageBusy / StorageError.
+`PaymentStore.upsert` writes the payment, its customer and its subscription and returns
+once they are committed and durable (SQLite's synchronous=FULL, PostgreSQL's
+synchronous_commit). Errors come out as storage.db's StorageBusy / StorageError.
 
-On SQLite the commits are grouped: a worker's payments go to one writer thread, which
-takes every payment waiting into one transaction, each inside a SAVEPOINT of its own (a
-payment that fails is rolled back alone and only its request sees the error), and
-answers each request once the COMMIT is on disk. One fsync and one wait for the write
-lock then serve all the payments that arrived meanwhile, instead of one each. PostgreSQL
-keeps a transaction per payment (its commits share WAL flushes on the server), sent in
-pipeline mode: a round trip per result read instead of one per statement.
+The commits are grouped: a worker's payments go to one writer thread with a connection
+of its own, which takes every payment waiting into one transaction (on PostgreSQL
+holding the locks of their sites only), each inside a SAVEPOINT of its own (a payment
+that fails is rolled back alone and only its request sees the error), and answers each
+request once the COMMIT is durable. One lock wait, one commit and one log flush then
+serve all the payments that arrived meanwhile, instead of one each. On PostgreSQL the
+group is pipelined with a Sync after each payment (PostgresDatabase.grouped_transaction),
+and a group that a deadlock or serialization failure ended runs again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sqlite3
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -26,7 +29,7 @@ from decimal import Decimal
 import orjson
 
 from storage.browser_ids import browser_id_key, browser_visitor_id, is_browser_id
-from storage.db import Database, StorageBusy, StorageError, grouped_transaction, is_transient
+from storage.db import Database, StorageBusy, StorageError, is_transient
 from storage.statements import statement
 from validation.common import decimal_text
 from validation.payment import Customer, Instant, Payment, Subscription
@@ -104,18 +107,18 @@ class PaymentStore:
     def __init__(self, db: Database, clock: Callable[[], float]):
         self.db = db
         self.clock = clock
-        self.group = GroupCommit(db) if db.dialect == "sqlite" else None
+        self.group = GroupCommit(db)
 
     def upsert(self, site_id: int, payment: Payment) -> None:
         """Store the payment (replacing one with its payment_id), its customer and subscription."""
-        now_ms = int(self.clock() * 1000)
-        if self.group is not None:
-            self.group.store(site_id, payment, now_ms)
-            return
-        # Pipelined, a payment's dozen statements cost three round trips: one per result
-        # read (the previous subscription, the latest observation) and the COMMIT's.
-        with self.db.transaction(sites=(site_id,), pipelined=True) as conn:
-            self.write(conn, site_id, payment, now_ms)
+        self.group.store(site_id, payment, int(self.clock() * 1000))
+
+    def start(self) -> None:
+        """Nothing to start: a process's writer starts with its first payment."""
+
+    def stop(self, timeout: float = 25.0) -> None:
+        """Answer the payments waiting, end the writer and close its connection."""
+        self.group.stop(timeout)
 
     @classmethod
     def write(cls, conn: sqlite3.Connection, site_id: int, payment: Payment, now_ms: int) -> None:
@@ -178,19 +181,31 @@ class _Waiting:
         self.taken = False  # in a transaction of the writer: its answer is coming
 
 
+# A writer idle this long closes its connection (on PostgreSQL one outside the pool, a
+# server connection a worker would otherwise keep all day for a rare payment).
+IDLE_CLOSE_S = 30.0
+# Runs of a group that a deadlock or serialization failure ended (a new transaction each).
+CONFLICT_ATTEMPTS = 3
+
+
 class GroupCommit:
-    """A worker's payment writer: one thread, one SQLite connection, one transaction for
-    every payment waiting, a SAVEPOINT each, answered after the COMMIT (synchronous=FULL)."""
+    """A worker's payment writer: one thread, one connection of its own, one transaction
+    for every payment waiting (on PostgreSQL holding their sites' locks), a SAVEPOINT
+    each, answered after the COMMIT is durable (SQLite's synchronous=FULL, PostgreSQL's
+    synchronous_commit)."""
 
     def __init__(self, db: Database):
         self.db = db
         self._waiting: deque[_Waiting] = deque()
         self._arrived = threading.Condition(threading.Lock())
         self._pid: int | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._conn = None
         self._conn_pid: int | None = None
         self._conn_lock = threading.Lock()
         self.groups = 0  # transactions committed or failed, for tests and the bench
+        self.connections = 0  # connections the writer made, for tests
 
     def store(self, site_id: int, payment: Payment, now_ms: int) -> None:
         """Returns once the payment is on disk; raises StorageBusy / StorageError (only
@@ -200,7 +215,10 @@ class GroupCommit:
             if self._pid != os.getpid():
                 # First use in this process (a forked worker has no writer thread yet).
                 self._waiting.clear()
-                threading.Thread(target=self._run, name="tally-payments", daemon=True).start()
+                self._stopping = False
+                self._thread = threading.Thread(target=self._run, name="tally-payments",
+                                                daemon=True)
+                self._thread.start()
                 self._pid = os.getpid()
             self._waiting.append(waiting)
             self._arrived.notify()
@@ -215,50 +233,101 @@ class GroupCommit:
         if waiting.error is not None:
             raise waiting.error
 
-    def connection(self) -> sqlite3.Connection:
-        """The writer's connection (made on first use)."""
+    def stop(self, timeout: float = 25.0) -> None:
+        """The payments already waiting are stored and answered; then the writer ends and
+        its connection is closed. A later payment starts a new writer."""
+        with self._arrived:
+            thread = self._thread if self._pid == os.getpid() else None
+            self._stopping = True
+            self._arrived.notify()
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                return  # still storing a group: its connection stays with it
+        with self._arrived:
+            self._pid = self._thread = None
+        self._close_connection()
+
+    def connection(self):
+        """The writer's connection (made on first use, and again after it was closed)."""
         with self._conn_lock:
             if self._conn is None or self._conn_pid != os.getpid():
                 self._conn = self.db.connect()
                 self._conn_pid = os.getpid()
+                self.connections += 1
             return self._conn
+
+    def _close_connection(self, conn=None) -> None:
+        """Close the writer's connection (only `conn`, if given and still the writer's); a
+        parent's connection inherited through a fork is left to the parent."""
+        with self._conn_lock:
+            if self._conn is None or (conn is not None and conn is not self._conn):
+                return
+            current, self._conn = self._conn, None
+            if self._conn_pid != os.getpid():
+                return
+        with contextlib.suppress(Exception):  # a connection already broken closes anyway
+            current.close()
 
     def _run(self) -> None:
         while True:
             with self._arrived:
                 while not self._waiting:
-                    self._arrived.wait()
+                    if self._stopping:
+                        return
+                    if not self._arrived.wait(IDLE_CLOSE_S) and not self._waiting:
+                        self._close_connection()
                 group = [self._waiting.popleft()
                          for _ in range(min(MAX_GROUP, len(self._waiting)))]
                 for waiting in group:
                     waiting.taken = True
-            conn = None
             try:
-                conn = self.connection()
-                self._commit(conn, group)
-            except BaseException as exc:  # the connection itself failed: every payment's answer
-                error = exc if isinstance(exc, StorageError) else _mapped(exc)
-                for waiting in group:
-                    if waiting.error is None:
-                        waiting.error = error
-                if conn is not None and not isinstance(exc, sqlite3.OperationalError):
-                    with self._conn_lock:
-                        self._conn = None
-                    conn.close()
+                self._store(group)
             finally:
                 self.groups += 1
                 for waiting in group:
                     waiting.done.set()
 
-    @staticmethod
-    def _commit(conn: sqlite3.Connection, group: list[_Waiting]) -> None:
+    def _store(self, group: list[_Waiting]) -> None:
+        """One transaction for the group, run again on a new connection when the server
+        ended the writer's (once), and again after a deadlock or serialization failure."""
+        conflicts = reconnected = 0
+        while True:
+            conn = None
+            try:
+                conn = self.connection()
+                self._commit(conn, group)
+                return
+            except BaseException as exc:  # the transaction as a whole: every payment's answer
+                lost = conn is not None and getattr(conn, "closed", False)
+                if lost or (conn is not None and not isinstance(
+                        exc, sqlite3.OperationalError | StorageError)):
+                    self._close_connection(conn)
+                if lost and not reconnected and isinstance(exc, Exception):
+                    reconnected += 1
+                    continue
+                if _conflict(exc) and conflicts + 1 < CONFLICT_ATTEMPTS:
+                    conflicts += 1
+                    continue
+                error = exc if isinstance(exc, StorageError) else _mapped(exc)
+                for waiting in group:
+                    waiting.error = error
+                return
+
+    def _commit(self, conn, group: list[_Waiting]) -> None:
         def write(waiting: _Waiting) -> None:
             PaymentStore.write(conn, waiting.site_id, waiting.payment, waiting.now_ms)
 
-        failures = grouped_transaction(conn, group, write)
+        failures = self.db.grouped_transaction(
+            conn, group, write, sites=sorted({waiting.site_id for waiting in group}))
         for waiting, failure in zip(group, failures, strict=True):
-            if failure is not None:
-                waiting.error = _mapped(failure)  # api/payments.py logs it
+            waiting.error = None if failure is None else _mapped(failure)  # api/payments.py logs it
+
+
+def _conflict(exc: BaseException) -> bool:
+    """A deadlock or serialization failure (PostgreSQL's; SQLite has one writer)."""
+    postgres = sys.modules.get("storage.postgres")  # loaded when PostgreSQL is the backend
+    return postgres is not None and postgres.is_conflict(exc)
 
 
 def _mapped(exc: BaseException) -> BaseException:

@@ -694,29 +694,74 @@ class PostgresDatabase:
 
     @contextmanager
     def transaction(self, conn: PostgresConnection | None = None, *,
-                    sites: Collection[int] | None = None, pipelined: bool = False):
+                    sites: Collection[int] | None = None):
         """BEGIN ... COMMIT holding the write lock; with `sites`, only those sites' locks
         and the write lock shared: for a transaction that writes only rows of those sites
-        (and monthly usage, by upsert), which then never waits for other sites'.
-        `pipelined`: BEGIN to COMMIT in pipeline mode (PostgresConnection.pipeline), for a
-        block of statements that reads few results and copies nothing; the block returns
-        once the COMMIT has answered."""
+        (and monthly usage, by upsert), which then never waits for other sites'."""
         conn = conn or self.conn()
         if conn.replica:
             conn = self._writer(conn)
         try:
-            with conn.pipeline() if pipelined else nullcontext():
-                if sites is None:
-                    conn.execute("BEGIN IMMEDIATE")
-                else:
-                    conn.begin_sites(sites)
-                yield conn
+            if sites is None:
+                conn.execute("BEGIN IMMEDIATE")
+            else:
+                conn.begin_sites(sites)
+            yield conn
+            conn.commit()
+        except BaseException as exc:
+            _abandon(conn)
+            if isinstance(exc, psycopg.Error):
+                raise storage_error(exc) from exc
+            raise
+
+    def grouped_transaction(self, conn: PostgresConnection, items: list,
+                            write: Callable[[object], None], *,
+                            sites: Collection[int]) -> list[BaseException | None]:
+        """One transaction for all `items`, holding the locks of `sites` (as transaction(sites=)
+        does), each item written by `write(item)` inside a SAVEPOINT of its own: an item whose
+        write fails is rolled back alone. Returns each item's failure (None: stored), a
+        psycopg error as StorageBusy / StorageError. Raises, as StorageBusy / StorageError,
+        what fails the transaction as a whole (the locks, the COMMIT, the connection, a
+        deadlock or serialization failure, which only a new transaction can get past), and
+        then nothing of it is stored.
+
+        Pipelined: an item's statements go out without waiting for each other, and a Sync
+        closes each item. In pipeline mode an error makes the server skip every statement
+        up to the next Sync, and psycopg raises it at whichever later call reads it; the
+        Sync keeps an item's error inside that item, and the item's SAVEPOINT is rolled
+        back only once the Sync has been reached."""
+        failures: list[BaseException | None] = []
+        try:
+            with conn.pipeline():
+                pipeline = conn.pipelined
+                conn.begin_sites(sites)
+                pipeline.sync()  # the locks' failure is the group's, not its first item's
+                cursor = conn.raw.cursor()
+                for item in items:
+                    cursor.execute("SAVEPOINT item")
+                    try:
+                        write(item)
+                        cursor.execute("RELEASE item")
+                        pipeline.sync()
+                        failures.append(None)
+                    except Exception as exc:
+                        if conn.closed or isinstance(exc, _CONFLICTS):
+                            raise
+                        _reach_sync(conn, pipeline)
+                        cursor.execute("ROLLBACK TO item")
+                        cursor.execute("RELEASE item")
+                        pipeline.sync()
+                        failures.append(storage_error(exc) if isinstance(exc, psycopg.Error)
+                                        else exc)
+                        if isinstance(exc, psycopg.Error):
+                            failures[-1].__cause__ = exc
                 conn.commit()
         except BaseException as exc:
             _abandon(conn)
             if isinstance(exc, psycopg.Error):
                 raise storage_error(exc) from exc
             raise
+        return failures
 
     @contextmanager
     def storage_errors(self):
@@ -768,6 +813,28 @@ def _replica_conflict(exc: BaseException) -> bool:
             return True
         exc = exc.__cause__
     return False
+
+
+# Errors that end a statement because of another transaction: the item's SAVEPOINT
+# would not get past them, a new transaction may (storage/payments.py runs it again).
+_CONFLICTS = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether a transaction failed for a deadlock or serialization failure (directly or
+    as the StorageBusy mapped from one): running it again can succeed."""
+    return any(isinstance(failure, _CONFLICTS) for failure in (exc, exc.__cause__))
+
+
+def _reach_sync(conn: PostgresConnection, pipeline: psycopg.Pipeline) -> None:
+    """Read every result up to the pipeline's next Sync, the errors among them (the one
+    already raised, or statements the server skipped after it) swallowed: past it, the
+    server takes statements again. Raises when the connection itself is gone."""
+    try:
+        pipeline.sync()
+    except psycopg.Error:
+        if conn.closed:
+            raise
 
 
 def _abandon(conn: PostgresConnection, finish: str = "ROLLBACK") -> None:

@@ -1,6 +1,6 @@
-"""Payments stored in group transactions (storage/payments.py's GroupCommit on SQLite; a
-transaction each on PostgreSQL): a payment is on disk when its upsert returns, and one
-payment that cannot be stored fails alone."""
+"""Payments stored in group transactions (storage/payments.py's GroupCommit, on both
+engines): a payment is on disk when its upsert returns, one payment that cannot be stored
+fails alone, and the writer's own connection is closed when Tally stops or idles."""
 
 from __future__ import annotations
 
@@ -9,14 +9,27 @@ import threading
 import pytest
 
 from app import create_app
+from storage import payments as payments_module
 from storage.backend import open_database
 from storage.db import StorageBusy, StorageError
 from storage.payments import PaymentStore, find_payment
-from tests.conftest import WAIT, FakeClock, WriteLock, config_for, execute, is_postgres, wait_until
+from tests.conftest import (
+    WAIT,
+    FakeClock,
+    WriteLock,
+    config_for,
+    execute,
+    is_postgres,
+    rows,
+    wait_until,
+)
+from tests.realparts import postgres_admin
 from validation.payment import validate_payment
 
 GOOD = [f"pay_{n}" for n in range(6)]
 BAD = "pay_refused"  # the triggers below spell it out
+BAD_LATE = "pay_refused_late"  # refused at its subscription, a payment's last statement
+SECOND_SITE = 2  # GOOD[4] is stored for this site, in the group of site 1's payments
 
 
 def payment(payment_id: str):
@@ -26,17 +39,38 @@ def payment(payment_id: str):
                              "subscription": {"id": f"sub_{payment_id}", "status": "active"}})
 
 
+def site_of(payment_id: str) -> int:
+    return SECOND_SITE if payment_id == GOOD[4] else 1
+
+
 def refuse_one_payment(db_path: str) -> None:
-    """The database refuses to store BAD (a trigger), as it would a row it cannot take."""
+    """The database refuses to store BAD (a trigger on its payment row) and BAD_LATE (on
+    its subscription row), as it would a row it cannot take."""
     if is_postgres(db_path):
         execute(db_path, "CREATE FUNCTION refuse_payment() RETURNS trigger LANGUAGE plpgsql AS $$"
                          " BEGIN RAISE EXCEPTION 'refused by the test'; END $$")
         execute(db_path, "CREATE TRIGGER refuse_payment BEFORE INSERT ON payments FOR EACH ROW"
                          " WHEN (NEW.payment_id = 'pay_refused') EXECUTE FUNCTION refuse_payment()")
+        execute(db_path, "CREATE TRIGGER refuse_subscription BEFORE INSERT ON subscriptions"
+                         " FOR EACH ROW WHEN (NEW.subscription_id = 'sub_pay_refused_late')"
+                         " EXECUTE FUNCTION refuse_payment()")
     else:
         execute(db_path, "CREATE TRIGGER refuse_payment BEFORE INSERT ON payments"
                          " WHEN NEW.payment_id = 'pay_refused'"
                          " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END")
+        execute(db_path, "CREATE TRIGGER refuse_subscription BEFORE INSERT ON subscriptions"
+                         " WHEN NEW.subscription_id = 'sub_pay_refused_late'"
+                         " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END")
+
+
+@pytest.fixture
+def payments(store):
+    """A PaymentStore on `store` (its writer waits WAIT for the write lock), stopped after
+    the test."""
+    store.busy_timeout_ms = int(WAIT * 1000)
+    payments = PaymentStore(store, FakeClock())
+    yield payments
+    payments.stop(timeout=WAIT)
 
 
 def upsert_in_threads(payments: PaymentStore, ids: list[str]) -> tuple[list, dict]:
@@ -44,7 +78,7 @@ def upsert_in_threads(payments: PaymentStore, ids: list[str]) -> tuple[list, dic
 
     def upsert(payment_id: str) -> None:
         try:
-            payments.upsert(1, payment(payment_id))
+            payments.upsert(site_of(payment_id), payment(payment_id))
         except StorageError as exc:
             failures[payment_id] = exc
 
@@ -55,82 +89,103 @@ def upsert_in_threads(payments: PaymentStore, ids: list[str]) -> tuple[list, dic
     return threads, failures
 
 
-def test_one_bad_payment_fails_alone_and_the_others_are_on_disk(store, db_path):
-    refuse_one_payment(db_path)
-    store.busy_timeout_ms = int(WAIT * 1000)  # the writer waits out the lock held below
-    payments = PaymentStore(store, FakeClock())
-    group = payments.group
-    assert (group is None) == is_postgres(db_path)
-    rest = [*GOOD[1:3], BAD, *GOOD[3:]]
-    if group is None:
-        first, first_failures = upsert_in_threads(payments, [GOOD[0]])
-        threads, failures = upsert_in_threads(payments, rest)
-    else:
-        lock = WriteLock(db_path)  # another writer holds the lock while the payments arrive
-        try:
-            first, first_failures = upsert_in_threads(payments, [GOOD[0]])
-            # The writer took the first payment and waits for the lock; the rest queue
-            # behind it and go into the next transaction together.
-            # (_pid is set with the first payment queued, under the same lock.)
-            assert wait_until(lambda: group._pid is not None and not group._waiting)
-            assert group.groups == 0
-            threads, failures = upsert_in_threads(payments, rest)
-            assert wait_until(lambda: len(group._waiting) == len(rest))
-            assert all(thread.is_alive() for thread in first + threads)  # none answered yet
-        finally:
-            lock.release()
-    for thread in first + threads:
+def join(threads: list[threading.Thread]) -> None:
+    for thread in threads:
         thread.join(WAIT)
         assert not thread.is_alive()
+
+
+def open_check(db_path: str, conn):
+    """A check of whether `conn` is still open: on PostgreSQL, whether the server still has
+    its backend; on SQLite, whether the connection still runs a statement."""
+    if is_postgres(db_path):
+        pid = conn.raw.info.backend_pid
+        return lambda: bool(rows(db_path, "SELECT count(*) AS n FROM pg_stat_activity"
+                                          " WHERE pid = ?", (pid,))[0]["n"])
+
+    def sqlite_open() -> bool:
+        try:
+            conn.execute("SELECT 1")
+        except Exception:  # sqlite3.ProgrammingError: a closed connection
+            return False
+        return True
+
+    return sqlite_open
+
+
+def test_one_bad_payment_fails_alone_and_the_others_are_on_disk(store, db_path, payments):
+    refuse_one_payment(db_path)
+    execute(db_path, "INSERT INTO sites (id, public_id, account_id, created_at)"
+                     " VALUES (2, 'site_b', 1, 0)")
+    group = payments.group
+    rest = [GOOD[1], BAD, GOOD[2], BAD_LATE, *GOOD[3:]]
+    lock = WriteLock(db_path)  # another writer holds the lock while the payments arrive
+    try:
+        first, first_failures = upsert_in_threads(payments, [GOOD[0]])
+        # The writer took the first payment and waits for the lock; the rest queue
+        # behind it and go into the next transaction together.
+        # (_pid is set with the first payment queued, under the same lock.)
+        assert wait_until(lambda: group._pid is not None and not group._waiting)
+        assert group.groups == 0
+        threads, failures = upsert_in_threads(payments, rest)
+        assert wait_until(lambda: len(group._waiting) == len(rest))
+        assert all(thread.is_alive() for thread in first + threads)  # none answered yet
+    finally:
+        lock.release()
+    join(first + threads)
     assert not first_failures
-    assert list(failures) == [BAD]
-    assert "refused by the test" in str(failures[BAD])
-    if group is not None:
-        assert group.groups == 2  # the first payment's, then all the rest's
+    assert sorted(failures) == sorted([BAD, BAD_LATE])
+    assert all("refused by the test" in str(failures[p]) for p in (BAD, BAD_LATE))
+    assert all(type(failures[p]) is StorageError for p in (BAD, BAD_LATE))
+    assert group.groups == 2  # the first payment's, then all the rest's, on two sites
+    assert group.connections == 1
     # What each upsert returned for is there for any other connection, and for a new
     # process on the same data.
     reopened = open_database(config_for(db_path))
     with reopened.snapshot() as conn:
         for payment_id in GOOD:
-            assert find_payment(conn, 1, payment_id)["customer_id"] == f"cus_{payment_id}"
-        assert find_payment(conn, 1, BAD) is None
+            found = find_payment(conn, site_of(payment_id), payment_id)
+            assert found["customer_id"] == f"cus_{payment_id}"
+        for payment_id in (BAD, BAD_LATE):
+            assert find_payment(conn, 1, payment_id) is None
         stored = conn.execute("SELECT subscription_id FROM subscriptions ORDER BY 1").fetchall()
+        customers = conn.execute("SELECT customer_id FROM customers ORDER BY 1").fetchall()
     assert [row[0] for row in stored] == sorted(f"sub_{p}" for p in GOOD)
+    assert [row[0] for row in customers] == sorted(f"cus_{p}" for p in GOOD)
     reopened.close()
 
 
-@pytest.mark.sqlite_only
-def test_a_payment_waiting_past_the_busy_timeout_is_refused_busy(store, db_path):
+def test_a_payment_waiting_past_the_busy_timeout_is_refused_busy(store, db_path, payments):
     """A writer that cannot get the lock answers every payment of its group 503 (busy),
     and nothing of them is stored; the next payment is stored once the lock is free."""
     store.busy_timeout_ms = 50
-    payments = PaymentStore(store, FakeClock())
     lock = WriteLock(db_path)
     try:
         threads, failures = upsert_in_threads(payments, GOOD[:3])
-        for thread in threads:
-            thread.join(WAIT)
+        join(threads)
     finally:
         lock.release()
     assert sorted(failures) == GOOD[:3]
     assert all(type(exc).__name__ == "StorageBusy" for exc in failures.values())
     payments.upsert(1, payment(GOOD[3]))
-    app = create_app(config_for(db_path))  # a restart on the same file
+    payments.stop(timeout=WAIT)
+    app = create_app(config_for(db_path))  # a restart on the same data
     with app.db.snapshot() as conn:
         assert [find_payment(conn, 1, p) is not None for p in GOOD[:4]] == [False] * 3 + [True]
     app.stop(timeout=5)
 
 
-def test_after_a_failed_or_refused_payment_the_next_one_on_its_thread_is_stored(store, db_path):
-    """One thread's payments one after another (on PostgreSQL one pooled connection, each
-    payment pipelined from BEGIN to COMMIT): a payment the database refuses, then one that
-    cannot get the lock, fail alone; the payments after each are stored and reread."""
+def test_after_a_failed_or_refused_payment_the_next_one_on_its_thread_is_stored(
+        store, db_path, payments):
+    """One thread's payments one after another (a group each): a payment the database
+    refuses, then one that cannot get the lock, fail alone; the payments after each are
+    stored and reread."""
     refuse_one_payment(db_path)
     store.busy_timeout_ms = 50
-    payments = PaymentStore(store, FakeClock())
     payments.upsert(1, payment(GOOD[0]))
-    with pytest.raises(StorageError, match="refused by the test"):
-        payments.upsert(1, payment(BAD))
+    for refused in (BAD, BAD_LATE):
+        with pytest.raises(StorageError, match="refused by the test"):
+            payments.upsert(1, payment(refused))
     payments.upsert(1, payment(GOOD[1]))
     lock = WriteLock(db_path)
     try:
@@ -139,11 +194,118 @@ def test_after_a_failed_or_refused_payment_the_next_one_on_its_thread_is_stored(
     finally:
         lock.release()
     payments.upsert(1, payment(GOOD[3]))
+    assert payments.group.connections == 1
     reopened = open_database(config_for(db_path))
     with reopened.snapshot() as conn:
-        stored = {payment_id for payment_id in [*GOOD[:4], BAD]
+        stored = {payment_id for payment_id in [*GOOD[:4], BAD, BAD_LATE]
                   if find_payment(conn, 1, payment_id) is not None}
         subscriptions = conn.execute("SELECT subscription_id FROM subscriptions ORDER BY 1").fetchall()
     reopened.close()
     assert stored == {GOOD[0], GOOD[1], GOOD[3]}
     assert [row[0] for row in subscriptions] == [f"sub_{p}" for p in (GOOD[0], GOOD[1], GOOD[3])]
+
+
+def test_the_writers_connection_closes_when_idle_and_when_tally_stops(
+        store, db_path, payments, monkeypatch):
+    monkeypatch.setattr(payments_module, "IDLE_CLOSE_S", 0.2)
+    group = payments.group
+    payments.upsert(1, payment(GOOD[0]))
+    idle_open = open_check(db_path, group._conn)
+    assert idle_open()
+    assert wait_until(lambda: group._conn is None)
+    assert wait_until(lambda: not idle_open())
+    payments.upsert(1, payment(GOOD[1]))  # on a new connection
+    assert group.connections == 2
+    monkeypatch.setattr(payments_module, "IDLE_CLOSE_S", WAIT)
+    app = create_app(config_for(db_path))  # a restart on the same data
+    app.payments.upsert(1, payment(GOOD[2]))
+    serving_open = open_check(db_path, app.payments.group._conn)
+    assert serving_open()
+    app.stop(timeout=5)
+    assert app.payments.group._conn is None
+    assert wait_until(lambda: not serving_open())
+    stored = rows(db_path, "SELECT payment_id FROM payments ORDER BY 1")
+    assert [row["payment_id"] for row in stored] == GOOD[:3]
+
+
+def test_a_group_whose_connection_the_server_ended_runs_again_on_a_new_one(
+        store, db_path, payments):
+    if not is_postgres(db_path):
+        pytest.skip("a SQLite connection has no server to end it")
+    group = payments.group
+    payments.upsert(1, payment(GOOD[0]))
+    ended = group._conn.raw.info.backend_pid
+    admin = postgres_admin()
+    try:
+        admin.execute("SELECT pg_terminate_backend(%s)", (ended,))
+        assert wait_until(lambda: not admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (ended,)).fetchone()[0])
+    finally:
+        admin.close()
+    threads, failures = upsert_in_threads(payments, GOOD[1:4])
+    join(threads)
+    assert not failures
+    assert group.connections == 2
+    stored = rows(db_path, "SELECT payment_id FROM payments ORDER BY 1")
+    assert [row["payment_id"] for row in stored] == GOOD[:4]
+
+
+def test_an_error_psycopg_reads_before_the_items_sync_stays_in_its_savepoint(store, db_path):
+    """PostgreSQL's grouped transaction is pipelined: an item's error may be raised while
+    the item's later statements are still being sent (the server skips them until the
+    Sync). That item alone is rolled back, and the items after it are stored."""
+    if not is_postgres(db_path):
+        pytest.skip("SQLite's grouped transaction sends no pipeline")
+    execute(db_path, "CREATE TABLE group_items (item BIGINT PRIMARY KEY)")
+
+    def write(item: int) -> None:
+        conn.execute("INSERT INTO group_items (item) VALUES (?)", (item,))
+        if item == 2:
+            conn.execute("INSERT INTO group_items (item) VALUES (?)", (1,))  # a duplicate
+            for _ in range(500):  # psycopg mostly reads the error while these go out
+                conn.execute("SELECT 1")
+
+    conn = store.connect()
+    try:
+        failures = store.grouped_transaction(conn, [1, 2, 3, 4], write, sites=[1])
+    finally:
+        conn.close()
+    assert [failure is None for failure in failures] == [True, False, True, True]
+    assert "group_items_pkey" in str(failures[1])
+    stored = rows(db_path, "SELECT item FROM group_items ORDER BY 1")
+    assert [row["item"] for row in stored] == [1, 3, 4]
+
+
+def test_a_group_a_deadlock_ended_runs_again_and_its_payment_is_stored(store, db_path,
+                                                                       payments):
+    """Another transaction holds the row the writer's payment waits for, then waits for
+    the site lock the writer holds: the server ends the writer's transaction (a deadlock),
+    which frees the lock, and the writer runs its group again once the other is done."""
+    if not is_postgres(db_path):
+        pytest.skip("SQLite has one writer: no deadlock between two")
+    from storage.postgres import _SITE_LOCKS, SITE_LOCK_KEY
+
+    group = payments.group
+    payments.upsert(1, payment(GOOD[0]))
+    writer_pid = group._conn.raw.info.backend_pid
+    other = store.connect()
+    try:
+        # Only the writer's deadlock check finds the cycle: it runs first, after 1 s.
+        other.raw.execute("SET deadlock_timeout = '600s'")
+        other.raw.execute("BEGIN")
+        other.raw.execute("SELECT 1 FROM customers WHERE site_id = 1 AND customer_id = %s"
+                          " FOR UPDATE", (f"cus_{GOOD[0]}",))
+        threads, failures = upsert_in_threads(payments, [GOOD[0]])
+        assert wait_until(lambda: rows(
+            db_path, "SELECT count(*) AS n FROM pg_locks WHERE pid = ? AND NOT granted",
+            (writer_pid,))[0]["n"] == 1)
+        other.raw.execute(_SITE_LOCKS, (SITE_LOCK_KEY, [1]))  # granted once the writer's ends
+        assert threads[0].is_alive()  # not answered: its group waits to run again
+        other.raw.execute("ROLLBACK")
+    finally:
+        other.close()
+    join(threads)
+    assert not failures
+    assert group.groups == 2 and group.connections == 1
+    stored = rows(db_path, "SELECT payment_id FROM payments ORDER BY 1")
+    assert [row["payment_id"] for row in stored] == [GOOD[0]]

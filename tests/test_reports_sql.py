@@ -53,7 +53,9 @@ def store(request, tmp_path_factory):
             public_id = directory.create_site(account["id"], [f"s{next(sites)}.example"])["id"]
             return directory.find_site(public_id).id
 
-        yield db, PaymentStore(db, FakeClock()), new_site
+        payments = PaymentStore(db, FakeClock())
+        stack.callback(payments.stop)
+        yield db, payments, new_site
 
 
 def stamp(day: str, hour: int) -> str:
