@@ -43,7 +43,7 @@ from storage.directory import Directory
 from storage.events import make_event_months
 from storage.funnels import Funnels
 from storage.payments import PaymentStore
-from storage.read_processes import ReadGate, ReadProcesses
+from storage.read_processes import ReadGate, ReadProcesses, slots_for
 from storage.reads import ReadPool
 from storage.stripe import StripeStore
 from tasks import Task, Tasks
@@ -141,9 +141,9 @@ class Tally:
         # Every read over HTTP (a report, a dashboard page) runs on these, in its budget:
         # the site's own users and keys on one set, shared links' anonymous viewers on
         # another, so they cannot take the owner's. Under the server, in read processes
-        # (storage/read_processes.py), one read at a time, the owner's first; else on
-        # threads of this process.
-        gate = ReadGate()
+        # (storage/read_processes.py), one read at a time, the owner's first, and fewer
+        # at once on the machine than its cores; else on threads of this process.
+        gate = ReadGate(slots_for(config))
         self.reads, self.anonymous_reads = (
             ReadProcesses(config, config.read_budget, processes=config.read_threads,
                           nice=config.read_nice, preload=("api.stats", "dashboard.web"),

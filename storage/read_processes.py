@@ -11,10 +11,11 @@ of a worker with threads and open connections), one for each of `processes` read
 A read is a module-level function and its arguments, pickled; it is called with the
 process's Database first, inside the read budget, and its result comes back pickled.
 
-A worker runs one read at a time (ReadGate, shared by its sets of read processes): two
-cores kept busy by reads leave ingestion none of its own, however low the reads' priority.
-The others wait, the site's own users and keys before shared links' viewers, at most
-`wait` seconds, then are answered ReadsBusy (503, retry).
+A worker runs one read at a time (ReadGate, shared by its sets of read processes), and
+the machine fewer at once than its cores (ReadSlots, shared by the workers): cores kept
+busy by reads leave ingestion none of its own, however low the reads' priority. The
+others wait, in a worker the site's own users and keys before shared links' viewers, at
+most `wait` seconds, then are answered ReadsBusy (503, retry).
 
 On SQLite the budget counts the read process's CPU, not the time since it started: at a
 low priority on a busy machine a read gets the cores last, and a read that waited for one
@@ -31,6 +32,8 @@ and exits when it closes, so none outlives its worker by more than one read.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import importlib
 import logging
 import os
@@ -39,6 +42,7 @@ import select
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -104,11 +108,56 @@ class _Child:
         self.proc.wait()
 
 
+class ReadSlots:
+    """At most `count` reads at once on this machine over one database, whichever worker
+    runs them: a lock file each in the temporary folder, held (flock) by the read running
+    in it, and let go by the kernel if its worker dies. Fewer than the cores, a core is
+    always left to ingestion: PostgreSQL's backends run at the server's priority, and at
+    any priority a read keeps its core's cache and its scheduling group's share."""
+
+    POLL = 0.01  # seconds between two looks for a free slot
+
+    def __init__(self, database: str, count: int, folder: str | None = None):
+        digest = hashlib.sha256(database.encode()).hexdigest()[:16]
+        folder = folder or tempfile.gettempdir()
+        self.paths = [os.path.join(folder, f"tally-reads-{digest}-{n}.lock")
+                      for n in range(max(1, count))]
+
+    def take(self, wait: float | None, clock: Callable[[], float] = time.monotonic) -> int:
+        """A held slot (a descriptor, for `give`), or ReadsBusy after `wait` seconds."""
+        deadline = None if wait is None else clock() + wait
+        while True:
+            for path in self.paths:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return fd
+                except BlockingIOError:
+                    os.close(fd)
+            if deadline is not None and clock() >= deadline:
+                raise ReadsBusy(f"other reads kept this one waiting {wait:g} s")
+            time.sleep(self.POLL)
+
+    @staticmethod
+    def give(fd: int) -> None:
+        os.close(fd)  # the lock goes with it
+
+
+def slots_for(config) -> ReadSlots:
+    """The machine's read slots over `config`'s database: `config.read_slots`, or one fewer
+    than the cores this process may use (at least one)."""
+    count = config.read_slots or len(os.sched_getaffinity(0)) - 1
+    return ReadSlots(config.database_url or os.path.abspath(config.db_path), count)
+
+
 class ReadGate:
     """One read at a time in this process: `turn(first, wait)` holds it, taken by waiters
-    with `first` before the others, or raises ReadsBusy after `wait` seconds."""
+    with `first` before the others, and then one of the machine's `slots` when given; or
+    raises ReadsBusy once `wait` seconds have passed."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, slots: ReadSlots | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.slots = slots
         self.clock = clock
         self._changed = threading.Condition()
         self._running = False
@@ -136,7 +185,15 @@ class ReadGate:
                 self._waiting_first -= first
                 self._changed.notify_all()
         try:
-            yield
+            slot = None
+            if self.slots is not None:
+                left = None if wait is None else wait - (self.clock() - asked)
+                slot = self.slots.take(left, self.clock)
+            try:
+                yield
+            finally:
+                if slot is not None:
+                    self.slots.give(slot)
         finally:
             with self._changed:
                 self._running = False
@@ -165,7 +222,7 @@ class ReadProcesses:
         self.seconds = seconds
         self.processes = processes
         self.nice = nice
-        self.gate = gate or ReadGate(clock)
+        self.gate = gate or ReadGate(clock=clock)
         self.first = first
         self.wait = seconds if wait is None else wait
         # SQLite's budget is the read's CPU (a starved read takes longer); PostgreSQL's is

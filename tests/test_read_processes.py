@@ -16,7 +16,7 @@ import pytest
 from app import create_app
 from config import Config
 from storage.db import ReadBudgetExceeded
-from storage.read_processes import GRACE, ReadGate, ReadProcesses
+from storage.read_processes import GRACE, ReadGate, ReadProcesses, ReadSlots
 from storage.reads import ReadsBusy
 from tests.conftest import WAIT, bearer, config_for, http, is_postgres, wait_until
 from tests.test_read_budget import FOREVER
@@ -219,6 +219,38 @@ def test_one_read_at_a_time_the_owners_first_and_a_read_kept_waiting_is_busy(
     finally:
         released.touch()
         for reads in (owners, viewers, impatient):
+            reads.stop()
+
+
+def test_reads_of_several_workers_share_the_machines_slots(db_path, tmp_path):
+    """Two workers' gates over one slot: a read of one waits for the other's to end, and
+    is answered ReadsBusy when its wait is over first."""
+    slots = ReadSlots(db_path, 1, folder=str(tmp_path))
+    config = config_for(db_path)
+    one = ReadProcesses(config, None, preload=(__name__,), gate=ReadGate(slots))
+    other = ReadProcesses(config, None, preload=(__name__,), gate=ReadGate(slots), wait=30)
+    impatient = ReadProcesses(config, None, preload=(__name__,), gate=ReadGate(slots),
+                              wait=0.05)
+    released, marks = tmp_path / "released", tmp_path / "marks"
+    answered: list = []
+    try:
+        first = threading.Thread(target=lambda: answered.append(one.call(
+            until_released, str(released), str(marks), "one")))
+        first.start()
+        assert wait_until(lambda: marks.exists() and marks.read_text().split() == ["one"])
+        with pytest.raises(ReadsBusy):
+            impatient.call(whoami)
+        second = threading.Thread(target=lambda: answered.append(other.call(whoami)))
+        second.start()
+        assert wait_until(lambda: other.gate.state() == (True, 0))  # it holds its worker's
+        assert answered == []  # but not the machine's slot
+        released.touch()
+        for thread in (first, second):
+            thread.join(WAIT)
+        assert len(answered) == 2 and None in answered  # until_released answers None
+    finally:
+        released.touch()
+        for reads in (one, other, impatient):
             reads.stop()
 
 
