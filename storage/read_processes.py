@@ -123,12 +123,18 @@ class ReadSlots:
         self.paths = [os.path.join(folder, f"tally-reads-{digest}-{n}.lock")
                       for n in range(max(1, count))]
 
-    def take(self, wait: float | None, clock: Callable[[], float] = time.monotonic) -> int:
-        """A held slot (a descriptor, for `give`), or ReadsBusy after `wait` seconds."""
+    def take(self, wait: float | None,
+             clock: Callable[[], float] = time.monotonic) -> int | None:
+        """A held slot (a descriptor, for `give`), or ReadsBusy after `wait` seconds; None
+        when the lock files cannot be opened (another user's): the read runs unlimited."""
         deadline = None if wait is None else clock() + wait
         while True:
             for path in self.paths:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                except OSError as exc:
+                    log.warning("reads are not limited across workers: %s", exc)
+                    return None
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     return fd
