@@ -220,7 +220,7 @@ class ReadProcesses:
                  clock: Callable[[], float] = time.monotonic):
         """`preload`: the modules of the reads, imported before a process says it is
         ready, so that no read's budget pays for them. `gate`: shared with the worker's
-        other read processes (its own when None); `first`: whether its reads go before
+        other read processes (its own, without the machine's slots, when None); `first`: whether its reads go before
         those of sets that are not; `wait`: seconds a read waits for its turn and a free
         process (the budget when None)."""
         self.config = config
