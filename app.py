@@ -43,7 +43,7 @@ from storage.directory import Directory
 from storage.events import make_event_months
 from storage.funnels import Funnels
 from storage.payments import PaymentStore
-from storage.read_processes import ReadProcesses
+from storage.read_processes import ReadGate, ReadProcesses, slots_for
 from storage.reads import ReadPool
 from storage.stripe import StripeStore
 from tasks import Task, Tasks
@@ -142,13 +142,17 @@ class Tally:
         # Every read over HTTP (a report, a dashboard page) runs on these, in its budget:
         # the site's own users and keys on one set, shared links' anonymous viewers on
         # another, so they cannot take the owner's. Under the server, in read processes
-        # (storage/read_processes.py); else on threads of this process.
+        # (storage/read_processes.py), one read at a time, the owner's first, and fewer
+        # at once on the machine than its cores; else on threads of this process.
+        gate = ReadGate(slots_for(config))
         self.reads, self.anonymous_reads = (
             ReadProcesses(config, config.read_budget, processes=config.read_threads,
-                          nice=config.read_nice, preload=("api.stats", "dashboard.web"))
+                          nice=config.read_nice, preload=("api.stats", "dashboard.web"),
+                          gate=gate, first=first)
             if read_processes else
             ReadPool(db, config.read_budget, check_steps=config.read_budget_check_steps,
-                     threads=config.read_threads, nice=config.read_nice) for _ in range(2))
+                     threads=config.read_threads, nice=config.read_nice)
+            for first in (True, False))
         self.services += [self.reads, self.anonymous_reads]
         add_stats_routes(self.wsgi, self.auth, db, clock, self.reads, config.flush_interval)
         add_funnel_routes(self.wsgi, self.auth, Funnels(db, clock))

@@ -64,6 +64,10 @@ class Config:
     # threads' (storage/reads.py; tuning, set in code).
     read_threads: int = 1
     read_nice: int = 10
+    # Reads at once on the machine over the database, whichever worker runs them, under the
+    # server (storage/read_processes.py; tuning, set in code). None: one fewer than the
+    # cores, at least one.
+    read_slots: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:

@@ -208,7 +208,9 @@ class Service:
     """A gunicorn master with its workers, serving `app_spec` on 127.0.0.1."""
 
     def __init__(self, app_spec: str, conf: Path, workers: int, log_path: Path,
-                 env: dict | None = None):
+                 env: dict | None = None, *, own_session: bool = False):
+        """`own_session`: gunicorn in a session of its own, as under systemd (with the
+        kernel's autogroup, its processes then share one scheduling group of their own)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
@@ -218,7 +220,7 @@ class Service:
             [str(BIN / "gunicorn"), "-c", str(conf), "--bind", f"127.0.0.1:{self.port}",
              "--workers", str(workers), app_spec],
             cwd=REPO, env={**os.environ, **(env or {})},
-            stdout=self._log, stderr=subprocess.STDOUT,
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=own_session,
         )
 
     def wait_ready(self, timeout: float = 60) -> Service:

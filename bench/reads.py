@@ -3,7 +3,7 @@ cost over 1,000,000 events, and what ten of them at once do to ingestion.
 
     .venv/bin/python -m bench.reads [--events 1000000] [--backend sqlite postgres]
                                     [--budget 1.8] [--duration 10] [--rate 200]
-    make bench-reads
+    make bench-reads                    [--side-by-side]
 
 For each backend: a site whose 1,000,000 events and their sessions span 30 days (written
 straight through storage, bench/read_data.py), a real gunicorn (the repo's
@@ -23,6 +23,13 @@ gunicorn.conf.py, 2 workers) with the default read budget (TALLY_READ_BUDGET, or
 - ingest: POST /api/v1/events (single events, wrk at a fixed rate) p50/p99 on the quiet
   service, then while ten clients send the worst requests back to back; three rounds of
   both, and the medians compared (the machine may be shared).
+- side_by_side (--side-by-side): both halves at the same moments, so that other work on
+  the machine weighs on both alike: two services on the same data, each gunicorn in a
+  session of its own (as under systemd; with the kernel's autogroup each is then one
+  scheduling group), wrk at the same rate on both while the ten worst reads go to one;
+  each round's ratio of the two p99s, and their median. What the reads cost the machine
+  (PostgreSQL's backends, or cores the reads keep busy) weighs on both halves, so this
+  ratio shows what they do to their own service beyond that; the rounds above show all.
 
 It reports and fails nothing (a step that cannot run is recorded as an error). Figures are
 written to bench/results/reads.json and printed; the machine's load average is recorded
@@ -250,7 +257,43 @@ def ingest_rounds(service: Service, bodies: Path, key: str, hammering: list, arg
                for kind in ("quiet", "with_10_worst_reads") for figure in ("p50_ms", "p99_ms")}
     summary["p99_ratio_of_medians"] = round(
         summary["with_10_worst_reads_p99_ms_median"] / summary["quiet_p99_ms_median"], 2)
+    ratios = sorted(r["with_10_worst_reads"]["p99_ms"] / r["quiet"]["p99_ms"] for r in rounds)
+    summary["p99_ratio_median_of_rounds"] = round(ratios[len(ratios) // 2], 2)
     return {"rate_rps": args.rate, "seconds_each": args.duration, **summary, "rounds": rounds}
+
+
+def side_by_side(services: tuple[Service, Service], bodies: Path, key: str, hammering: list,
+                 args, log, backend: str) -> dict:
+    """Rounds in which the events p99 of `services` (quiet, busy) is measured at the same
+    time, while ten clients send the worst reads to the busy one."""
+    quiet_service, busy_service = services
+    rounds = []
+    for n in range(args.rounds):
+        figures: dict = {}
+
+        def measure(name: str, service: Service, figures: dict = figures) -> None:
+            figures[name] = ingest_latency(service, bodies, key, args.duration, args.rate)
+
+        with Hammer(busy_service.url, hammering, clients=10) as hammer:
+            time.sleep(2)  # the ten are running
+            threads = [threading.Thread(target=measure, args=pair)
+                       for pair in (("quiet", quiet_service),
+                                    ("with_10_worst_reads", busy_service))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        load = loadavg()
+        quiet, busy = figures["quiet"], figures["with_10_worst_reads"]
+        busy["worst_requests_answered"] = dict(sorted(hammer.statuses.items()))
+        ratio = round(busy["p99_ms"] / quiet["p99_ms"], 2)
+        rounds.append({"quiet": quiet, "with_10_worst_reads": busy, "p99_ratio": ratio,
+                       "load": load})
+        log(f"reads/{backend}: side by side {n + 1}: events p99 quiet {quiet['p99_ms']} ms,"
+            f" with 10 worst reads {busy['p99_ms']} ms, {ratio}x (load {load[0]})")
+    ratios = sorted(r["p99_ratio"] for r in rounds)
+    return {"rate_rps": args.rate, "seconds_each": args.duration,
+            "p99_ratio_median": ratios[len(ratios) // 2] if ratios else None, "rounds": rounds}
 
 
 def run_backend(backend: str, args, folder: Path, log) -> dict:
@@ -312,6 +355,18 @@ def run_backend(backend: str, args, folder: Path, log) -> dict:
                                              backend)
         finally:
             service.stop()
+        if args.side_by_side:
+            pair: list[Service] = []
+            try:
+                for half in ("quiet", "busy"):
+                    pair.append(Service("app:app", REPO / "gunicorn.conf.py", args.workers,
+                                        folder / f"reads-{backend}-{half}.log", env,
+                                        own_session=True).wait_ready())
+                result["side_by_side"] = side_by_side(tuple(pair), bodies, events_key,
+                                                      hammering, args, log, backend)
+            finally:
+                for half_service in pair:
+                    half_service.stop()
         return result
 
 
@@ -328,6 +383,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rate", type=float, default=200, help="events requests a second")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of quiet / busy ingestion latency")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="also measure quiet and busy at the same time, on two services")
     parser.add_argument("--no-alone", dest="alone", action="store_false",
                         help="skip timing each worst request alone")
     parser.add_argument("--no-unbounded", dest="unbounded", action="store_false",

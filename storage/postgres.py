@@ -407,8 +407,11 @@ def _connection_options(url: str, lock_timeout_ms: int) -> dict:
     return options
 
 
-def _configure(raw: psycopg.Connection, lock_timeout_ms: int) -> None:
+def _configure(raw: psycopg.Connection, lock_timeout_ms: int,
+               parallel_query: bool = True) -> None:
     _adapt(raw)
+    if not parallel_query:
+        raw.execute("SET max_parallel_workers_per_gather = 0")
     # lock_timeout bounds the wait for the write lock (BEGIN IMMEDIATE) and for row locks;
     # SQLite's busy_timeout is the same bound. UTC keeps any date function deterministic.
     raw.execute(f"SET lock_timeout = {int(lock_timeout_ms)}")  # sql-safe: an int
@@ -460,15 +463,18 @@ class PostgresDatabase:
 
     def __init__(self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
                  pool_size: int = POOL_SIZE, read_url: str | None = None,
-                 replica_max_lag: float = MAX_LAG):
+                 replica_max_lag: float = MAX_LAG, parallel_query: bool = True):
+        """`parallel_query`: whether the server may run a statement on several backends
+        (a read process's is not: storage/read_processes.py)."""
         self.url = url
         self.busy_timeout_ms = int(busy_timeout_ms)
         self.pool_size = int(pool_size)
+        self.parallel_query = parallel_query
         lock_timeout_ms = self.busy_timeout_ms
         self.replica = None if not read_url else Replica(
             read_url, replica_max_lag, pool_size=self.pool_size,
             connection_options=_connection_options(read_url, lock_timeout_ms),
-            configure=lambda raw: _configure(raw, lock_timeout_ms))
+            configure=lambda raw: _configure(raw, lock_timeout_ms, parallel_query))
         self._pool: ConnectionPool | None = None
         self._pool_pid: int | None = None
         self._pool_lock = threading.Lock()
@@ -643,7 +649,8 @@ class PostgresDatabase:
                 self._pool = ConnectionPool(
                     self.url, min_size=1, max_size=self.pool_size, open=True, name="tally",
                     kwargs=_connection_options(self.url, lock_timeout_ms),
-                    configure=lambda raw: _configure(raw, lock_timeout_ms),
+                    configure=lambda raw: _configure(raw, lock_timeout_ms,
+                                                     self.parallel_query),
                     # A connection the server ended (restart, failover) is replaced at
                     # checkout instead of failing the request that draws it.
                     check=ConnectionPool.check_connection,

@@ -1,10 +1,12 @@
 """Reads over HTTP in read processes (storage/read_processes.py): under real gunicorn on
-both backends, within the read budget, replaced when one dies, gone with the server."""
+both backends, at their lower priority, one at a time per worker (the owner's first),
+within the read budget (CPU on SQLite), replaced when one dies, gone with the server."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -12,10 +14,11 @@ import orjson
 import pytest
 
 from app import create_app
+from config import Config
 from storage.db import ReadBudgetExceeded
-from storage.read_processes import GRACE, ReadProcesses
+from storage.read_processes import GRACE, ReadGate, ReadProcesses, ReadSlots
 from storage.reads import ReadsBusy
-from tests.conftest import bearer, config_for, http, is_postgres, wait_until
+from tests.conftest import WAIT, bearer, config_for, http, is_postgres, wait_until
 from tests.test_read_budget import FOREVER
 
 SERVE = "from storage.read_processes import serve"
@@ -32,6 +35,37 @@ def sleep_past_the_budget(db, seconds: float):
 
 def whoami(db) -> tuple[int, int]:
     return os.getpid(), os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def parallel_workers(db) -> str:
+    return db.conn().execute("SHOW max_parallel_workers_per_gather").fetchone()[0]
+
+
+# Some 100,000 SQLite steps (a few ms of CPU), more than the budget's check interval the
+# tests set: the budget is asked at least once while it runs.
+SHORT = ("WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 20000)"
+         " SELECT count(*) FROM c")
+
+
+def idle_then_count(db, seconds: float):
+    """`seconds` without CPU (as a read the machine starves), then a statement."""
+    time.sleep(seconds)
+    return db.conn().execute(SHORT).fetchone()[0]
+
+
+def until_released(db, released: str, marks: str, mark: str) -> None:
+    """Adds `mark` to the file `marks`, then holds its turn until the file `released` is
+    there."""
+    with open(marks, "a") as file:
+        file.write(mark + "\n")
+    deadline = time.monotonic() + WAIT
+    while not os.path.exists(released) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def nice_in_stat(pid: int) -> int:
+    """The nice value the kernel schedules `pid` at: /proc/<pid>/stat's 19th field."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
 
 def read_processes(parents: list[int] | None = None) -> dict[int, int]:
@@ -100,10 +134,14 @@ def test_a_read_past_its_budget_is_stopped_in_its_process_which_serves_the_next(
 
 
 def test_a_process_that_does_not_answer_is_killed_and_a_dead_one_replaced(db_path):
-    reads = ReadProcesses(config_for(db_path, read_budget=2.0), 2.0, preload=(__name__,))
+    # On SQLite the budget is CPU, so a process silent for `longest` is killed whatever it
+    # is doing (503: retry); on PostgreSQL it is time (422: too expensive).
+    reads = ReadProcesses(config_for(db_path, read_budget=2.0), 2.0, preload=(__name__,),
+                          longest=2.0 + GRACE)
     try:
         first, _ = reads.call(whoami)
-        with pytest.raises(ReadBudgetExceeded):  # Python work no statement budget stops
+        silent = ReadBudgetExceeded if is_postgres(db_path) else ReadsBusy
+        with pytest.raises(silent):  # Python work no statement budget stops
             reads.call(sleep_past_the_budget, 2.0 + GRACE + 30)
         assert wait_until(lambda: gone([first]))
         second, _ = reads.call(whoami)
@@ -116,6 +154,104 @@ def test_a_process_that_does_not_answer_is_killed_and_a_dead_one_replaced(db_pat
         assert third not in (first, second)
     finally:
         reads.stop()
+
+
+def test_on_sqlite_the_budget_counts_the_reads_cpu_not_the_time_it_waited_for_it(db_path):
+    """A read idle past its budget (as one starved of CPU by ingestion and other work) is
+    answered on SQLite, where its statements run in the read process and the budget is
+    their CPU; on PostgreSQL the server runs them and the budget is time."""
+    config = config_for(db_path, read_budget=0.5, read_budget_check_steps=100)
+    reads = ReadProcesses(config, 0.5, preload=(__name__,))
+    try:
+        if is_postgres(db_path):
+            with pytest.raises(ReadBudgetExceeded):
+                reads.call(idle_then_count, 1.0)
+            assert reads.call(parallel_workers) == "0"  # one backend per read
+        else:
+            assert reads.call(idle_then_count, 1.0) == 20000
+            with pytest.raises(ReadBudgetExceeded):  # CPU past the budget is stopped
+                reads.call(count_forever)
+    finally:
+        reads.stop()
+
+
+def test_one_read_at_a_time_the_owners_first_and_a_read_kept_waiting_is_busy(
+        db_path, tmp_path):
+    gate = ReadGate()
+    config = config_for(db_path)
+    owners = ReadProcesses(config, None, preload=(__name__,), gate=gate, first=True)
+    viewers = ReadProcesses(config, None, preload=(__name__,), gate=gate, first=False,
+                            wait=30)
+    impatient = ReadProcesses(config, None, preload=(__name__,), gate=gate, first=True,
+                              wait=0.05)
+    released, marks = tmp_path / "released", tmp_path / "marks"
+    failures: list[BaseException] = []
+
+    def read(reads: ReadProcesses, mark: str) -> threading.Thread:
+        def run():
+            try:
+                reads.call(until_released, str(released), str(marks), mark)
+            except BaseException as exc:  # the test's thread reports it
+                failures.append(exc)
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    def marked() -> list[str]:
+        return marks.read_text().split() if marks.exists() else []
+
+    try:
+        threads = [read(owners, "running")]
+        assert wait_until(lambda: marked() == ["running"])
+        with pytest.raises(ReadsBusy):  # its wait is over while the other holds the turn
+            impatient.call(whoami)
+        threads.append(read(viewers, "viewer"))
+        assert wait_until(lambda: gate.state() == (True, 1))
+        threads.append(read(owners, "owner"))
+        assert wait_until(lambda: gate.state() == (True, 2))
+        assert marked() == ["running"]  # neither runs beside the first
+        released.touch()
+        for thread in threads:
+            thread.join(WAIT)
+        assert not failures
+        assert marked() == ["running", "owner", "viewer"]  # the owner's went first
+        assert gate.state() == (False, 0)
+    finally:
+        released.touch()
+        for reads in (owners, viewers, impatient):
+            reads.stop()
+
+
+def test_reads_of_several_workers_share_the_machines_slots(db_path, tmp_path):
+    """Two workers' gates over one slot: a read of one waits for the other's to end, and
+    is answered ReadsBusy when its wait is over first."""
+    slots = ReadSlots(db_path, 1, folder=str(tmp_path))
+    config = config_for(db_path)
+    one = ReadProcesses(config, None, preload=(__name__,), gate=ReadGate(slots))
+    other = ReadProcesses(config, None, preload=(__name__,), gate=ReadGate(slots), wait=30)
+    impatient = ReadProcesses(config, None, preload=(__name__,), gate=ReadGate(slots),
+                              wait=0.05)
+    released, marks = tmp_path / "released", tmp_path / "marks"
+    answered: list = []
+    try:
+        first = threading.Thread(target=lambda: answered.append(one.call(
+            until_released, str(released), str(marks), "one")))
+        first.start()
+        assert wait_until(lambda: marks.exists() and marks.read_text().split() == ["one"])
+        with pytest.raises(ReadsBusy):
+            impatient.call(whoami)
+        second = threading.Thread(target=lambda: answered.append(other.call(whoami)))
+        second.start()
+        assert wait_until(lambda: other.gate.state() == (True, 0))  # it holds its worker's
+        assert answered == []  # but not the machine's slot
+        released.touch()
+        for thread in (first, second):
+            thread.join(WAIT)
+        assert len(answered) == 2 and None in answered  # until_released answers None
+    finally:
+        released.touch()
+        for reads in (one, other, impatient):
+            reads.stop()
 
 
 def _site(db: str) -> tuple[str, str]:
@@ -149,6 +285,8 @@ def test_reads_under_gunicorn_run_in_read_processes_that_go_with_the_server(
     workers = children(server.proc.pid)
     processes = read_processes(workers)
     assert processes  # the read was answered by one, a child of a worker
+    for pid in processes:  # the kernel runs them at the lower priority
+        assert nice_in_stat(pid) == Config().read_nice
 
     killed = next(iter(processes))
     os.kill(killed, signal.SIGKILL)
