@@ -7,6 +7,8 @@ webhook's modules load on their first request, not in a worker that only ingests
 from __future__ import annotations
 
 import ctypes
+import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -18,6 +20,7 @@ import pytest
 
 from api.deferred import DeferredResource
 from serving.memory import MALLOC_ARENAS
+from storage.db import Database
 from tests.conftest import REPO, bearer, cli_json, http, rows, wait_until
 
 THREADS = 8
@@ -129,3 +132,51 @@ def test_a_deferred_resource_is_built_once_by_its_first_requests_and_answers_as_
     assert client.simulate_post("/pages/x").status_code == 201
     assert builds == [1]
     assert isinstance(deferred.resource, Pages)
+
+
+def test_sqlite_connections_given_back_are_lent_to_the_next_thread(tmp_path):
+    """A worker's request threads give their connection back after each request
+    (ReleaseConnection): they hold as many as serve a request at once, not one each."""
+    db = Database(str(tmp_path / "lent.db"))
+    held: dict[str, object] = {}
+
+    def in_thread(name: str, release: bool = True) -> None:
+        def use():
+            conn = db.conn()
+            conn.execute("SELECT count(*) FROM sites").fetchone()
+            held[name] = conn
+            if release:
+                db.release()
+        thread = threading.Thread(target=use)
+        thread.start()
+        thread.join()
+
+    in_thread("first")
+    in_thread("second")
+    assert held["second"] is held["first"]  # one after the other: one connection
+    in_thread("keeps", release=False)
+    in_thread("meanwhile")
+    assert held["keeps"] is held["first"] and held["meanwhile"] is not held["first"]
+
+    conn = db.conn()  # given back only outside a transaction
+    with db.transaction(conn):
+        db.release()
+        assert db.conn() is conn
+    with db.read_budget(60):
+        db.release()
+        assert db.conn() is conn
+    db.release()
+    assert db.conn() is conn
+    db.release()  # idle when the process forks
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a fork never uses its parent's connections
+        os.write(write, b"1" if db.conn() is not conn else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+
+    db.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        held["meanwhile"].execute("SELECT 1")  # closed with the database, though idle
