@@ -73,8 +73,8 @@ class CurrentKey:
 
 
 class ReleaseConnection:
-    """Gives the request thread's database connection back after every request (a
-    PostgreSQL pool's; SQLite keeps one per thread and this does nothing)."""
+    """Gives the request thread's database connection back after every request, for the
+    next request on any thread (a PostgreSQL pool's, or a SQLite one the Database lends)."""
 
     def __init__(self, db: Database):
         self.db = db
