@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import orjson
 import pytest
 
 from validation.event import InvalidEvent, parse_events, truncate_utf8
@@ -199,26 +198,6 @@ def test_batch_of_one_to_fifty():
 )
 def test_batch_errors_name_the_element_and_field(body, message):
     assert refused(body).startswith("invalid event input: " + message)
-
-
-def test_events_of_separate_bodies_share_the_strings_they_repeat():
-    """A worker's queue holds thousands of events: each repeated name, page, host,
-    referrer, title, language and agent is held once, whichever body it came in."""
-    fields = {"u": "https://Shop.example.com/pricing", "r": "https://search.example/?q=x",
-              "t": "Pricing", "l": "en-GB", "ua": "Mozilla/5.0 (X11; Linux x86_64)",
-              "ip": "81.2.69.142", "uid": "u1"}
-    # Each body as the events endpoint gets it: new string objects, parsed from bytes.
-    first, second = (orjson.loads(orjson.dumps(single(**fields))) for _ in range(2))
-    assert first["ua"] is not second["ua"]
-    a, b = one_of(first), one_of(second)
-    for field in ("name", "url", "host", "referrer", "title", "language", "ua"):
-        assert getattr(a, field) == getattr(b, field)
-        assert getattr(a, field) is getattr(b, field), field
-    assert a.host == "shop.example.com"
-
-
-def one_of(body: dict):
-    return parse_events(body, NOW)[1][0]
 
 
 def test_element_may_repeat_the_batch_site():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import socket
-from sys import intern
 from typing import NamedTuple
 
 import orjson
@@ -197,14 +196,8 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
     if ua is not None and type(ua) is not str:
         raise InvalidEvent(where + "ua", MESSAGES["ua"])
 
-    # A worker's queue holds thousands of these: the strings that repeat from event to
-    # event are held once (sys.intern drops a string from its table when nothing holds
-    # it), and the flush's look-ups keyed by them reuse the hash computed here.
-    return CleanEvent(intern(name), ts, intern(url), intern(host), match.end(),
-                      intern(referrer) if referrer else None,
-                      intern(title) if title is not None else None, width,
-                      intern(language) if language is not None else None, uid, props, ip,
-                      ip_packed, intern(ua) if ua else None)
+    return CleanEvent(name, ts, url, host, match.end(), referrer or None, title, width,
+                      language, uid, props, ip, ip_packed, ua or None)
 
 
 def _fits(text: str, limit: int) -> bool:
