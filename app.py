@@ -20,6 +20,7 @@ import metrics
 from api import errors, media
 from api.auth import Authenticator, key_scope
 from api.collect import build_collect
+from api.deferred import DeferredResource
 from api.events import build_events
 from api.funnels import add_funnel_routes
 from api.metrics import MetricsResource, RequestMetrics
@@ -28,9 +29,8 @@ from api.payments import PaymentsResource
 from api.records import CustomerRecord, PaymentRecord
 from api.script import TrackerScript
 from api.stats import add_stats_routes
-from api.stripe_webhook import StripeWebhook
 from config import Config
-from dashboard.web import Dashboard
+from dashboard.routes import add_page_routes, responder_names
 from enrichment.browser_ids import BrowserIds, BrowserVisitors
 from enrichment.enricher import Enricher
 from ingest.flusher import Flusher
@@ -45,7 +45,6 @@ from storage.funnels import Funnels
 from storage.payments import PaymentStore
 from storage.read_processes import ReadGate, ReadProcesses, slots_for
 from storage.reads import ReadPool
-from storage.stripe import StripeStore
 from tasks import Task, Tasks
 
 log = logging.getLogger("tally")
@@ -74,8 +73,8 @@ class CurrentKey:
 
 
 class ReleaseConnection:
-    """Gives the request thread's database connection back after every request (a
-    PostgreSQL pool's; SQLite keeps one per thread and this does nothing)."""
+    """Gives the request thread's database connection back after every request, for the
+    next request on any thread (a PostgreSQL pool's, or a SQLite one the Database lends)."""
 
     def __init__(self, db: Database):
         self.db = db
@@ -137,7 +136,9 @@ class Tally:
         self.wsgi.add_route("/api/v1/payments", PaymentsResource(self.auth, self.payments))
         self.wsgi.add_route("/api/v1/payments/{payment_id}", PaymentRecord(self.auth, db))
         self.wsgi.add_route("/api/v1/customers/{customer_id}", CustomerRecord(self.auth, db))
-        self.stripe_webhook = StripeWebhook(self.directory, StripeStore(db, clock))
+        # This route and the dashboard's load their modules on their first request: a worker
+        # that only ingests never needs them (api/deferred.py).
+        self.stripe_webhook = DeferredResource(self._stripe_webhook, ("on_post",))
         self.wsgi.add_route("/api/v1/integrations/stripe/{site_id}", self.stripe_webhook)
         # Every read over HTTP (a report, a dashboard page) runs on these, in its budget:
         # the site's own users and keys on one set, shared links' anonymous viewers on
@@ -157,10 +158,8 @@ class Tally:
         add_stats_routes(self.wsgi, self.auth, db, clock, self.reads, config.flush_interval)
         add_funnel_routes(self.wsgi, self.auth, Funnels(db, clock))
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
-        self.dashboard = Dashboard(config=config, db=db, directory=self.directory, clock=clock,
-                                   random_bytes=random_bytes, reads=self.reads,
-                                   anonymous_reads=self.anonymous_reads)
-        self.dashboard.add_routes(self.wsgi)
+        self.dashboard = DeferredResource(self._dashboard, responder_names())
+        add_page_routes(self.wsgi, self.dashboard)
         # Every background duty of a worker, besides the events flush.
         self.tasks = Tasks([
             Task("prune visitor salts older than yesterday", every=60.0,
@@ -169,6 +168,19 @@ class Tally:
                  run=self._make_event_months),
         ])
         self.services.append(self.tasks)
+
+    def _stripe_webhook(self):
+        from api.stripe_webhook import StripeWebhook
+        from storage.stripe import StripeStore
+
+        return StripeWebhook(self.directory, StripeStore(self.db, self.clock))
+
+    def _dashboard(self):
+        from dashboard.web import Dashboard
+
+        return Dashboard(config=self.config, db=self.db, directory=self.directory,
+                         clock=self.clock, random_bytes=self.random_bytes, reads=self.reads,
+                         anonymous_reads=self.anonymous_reads)
 
     def __call__(self, environ, start_response):
         return self.wsgi(environ, start_response)

@@ -150,9 +150,13 @@ class Flusher:
                     ticket = self._requested
                 due = time.monotonic() + self.interval
                 metrics.queue_depth(self.queue.held)
-                units = self.queue.take()
-                for part in _parts(units, self.part_events):
-                    self._store(part)
+                # Each part is let go once stored, so that the events of a flush are not
+                # held beside those the queue takes in meanwhile (at a worker's highest rate
+                # the queue is full again by then: docs/perf-notes.md, "Worker memory").
+                parts = _parts(self.queue.take(), self.part_events)
+                parts.reverse()
+                while parts:
+                    self._store(parts.pop())
                 with self._rounds:
                     self._completed = ticket
                     self._rounds.notify_all()

@@ -177,6 +177,12 @@ class Database:
         self.synchronous = synchronous
         self.busy_timeout_ms = int(busy_timeout_ms)
         self._local = threading.local()
+        # Connections given back by release(), lent again by conn(): the request threads
+        # of a worker then hold as many as serve a request at once, not one each (a
+        # connection holds ~0.25 MiB: the parsed schema, its caches).
+        self._idle: list[sqlite3.Connection] = []
+        self._idle_lock = threading.Lock()
+        self._idle_pid = os.getpid()
         self._schema_lock = threading.Lock()
         self._schema_pid: int | None = None
 
@@ -211,12 +217,19 @@ class Database:
         return conn
 
     def conn(self) -> sqlite3.Connection:
-        """This thread's connection, opened on first use and after a fork."""
+        """This thread's connection until release(): one given back earlier, or a new one
+        (after a fork, never the parent's)."""
         local = self._local
-        if getattr(local, "pid", None) != os.getpid():
-            local.conn = self.connect()
+        if getattr(local, "pid", None) != os.getpid() or local.conn is None:
+            local.conn = self._idle_connection() or self.connect()
             local.pid = os.getpid()
         return local.conn
+
+    def _idle_connection(self) -> sqlite3.Connection | None:
+        with self._idle_lock:
+            if self._idle_pid != os.getpid():
+                self._idle, self._idle_pid = [], os.getpid()
+            return self._idle.pop() if self._idle else None
 
     def size_bytes(self) -> tuple[int, int]:
         """(database file, write-ahead log) in bytes; 0 for a file not there."""
@@ -260,8 +273,19 @@ class Database:
         yield
 
     def release(self) -> None:
-        """Nothing to give back: each thread keeps its SQLite connection (PostgreSQL's
-        Database lends pooled ones and takes them back here)."""
+        """Give this thread's connection back for the next thread that needs one (as
+        PostgreSQL's Database does with its pool); kept while a transaction or a read
+        budget is open on it."""
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if (conn is None or local.pid != os.getpid() or conn.in_transaction
+                or getattr(local, "budget", None) is not None):
+            return
+        local.conn = None
+        with self._idle_lock:
+            if self._idle_pid != os.getpid():
+                self._idle, self._idle_pid = [], os.getpid()
+            self._idle.append(conn)
 
     @contextmanager
     def read_budget(self, seconds: float | None, *,
@@ -302,6 +326,11 @@ class Database:
         if conn is not None and self._local.pid == os.getpid():
             conn.close()
         self._local = threading.local()
+        with self._idle_lock:
+            idle = self._idle if self._idle_pid == os.getpid() else []
+            self._idle, self._idle_pid = [], os.getpid()
+        for conn in idle:
+            conn.close()
 
     @contextmanager
     def transaction(self, conn: sqlite3.Connection | None = None, *, sites=None):

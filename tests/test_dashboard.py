@@ -13,10 +13,10 @@ import pytest
 import webtest
 
 from app import create_app
+from dashboard.routes import PAGE_ROUTES
 from dashboard.web import (
     FAILED_LOGIN_ADDRESS_LIMIT,
     FAILED_LOGIN_LIMIT,
-    PAGE_ROUTES,
     SESSION_SECONDS,
 )
 from tests import dashboard_seed as seed

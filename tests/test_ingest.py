@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import weakref
 
 import orjson
 import pytest
@@ -101,6 +102,26 @@ def test_stop_flushes_everything_held(store, db_path):
     assert count(db_path) == 300
     assert count(db_path, "SELECT events FROM monthly_usage") == 300
     assert not flusher.submit(unit(1))  # closed
+
+
+class TrackedEvents(list):
+    """A unit's events that a weak reference can follow (a plain list cannot be)."""
+
+
+def test_the_flush_thread_lets_go_of_the_events_it_stored(store, db_path):
+    flusher = make_flusher(store, queue_max=100)  # parts of 25 events on SQLite
+    flusher.start()
+    units = [unit(20, name=f"u{i}") for i in range(4)]
+    units = [u._replace(events=TrackedEvents(u.events)) for u in units]
+    tracked = [weakref.ref(u.events) for u in units]
+    for u in units:
+        assert flusher.submit(u)
+    del units, u
+    assert flusher.flush_now(timeout=WAIT)
+    assert count(db_path) == 80
+    # The thread now waits for the next flush: nothing it stored is still held.
+    assert [events() for events in tracked] == [None] * 4
+    flusher.stop(timeout=5)
 
 
 def test_write_runs_in_one_transaction_and_failures_keep_the_batch(store, db_path):

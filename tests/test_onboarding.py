@@ -16,7 +16,7 @@ import webtest
 
 from app import create_app
 from dashboard.first_run import origin
-from dashboard.web import PAGE_ROUTES
+from dashboard.routes import PAGE_ROUTES
 from storage.db import schema
 from storage.directory import hash_secret
 from storage.maintenance import _SITE_TABLES

@@ -14,7 +14,7 @@ from openapi_spec_validator import validate
 
 from api.openapi import OPENAPI_PATH, load_document
 from app import create_app
-from dashboard.web import PAGE_ROUTES
+from dashboard.routes import PAGE_ROUTES
 from tests.conftest import REPO, config_for, database_env, is_postgres
 
 DOCUMENT = load_document()
@@ -50,7 +50,7 @@ def served_operations(wsgi) -> set[tuple[str, str]]:
 
 
 # The dashboard's HTML pages, form posts and static files are not part of the JSON API the
-# document describes; dashboard.web.PAGE_ROUTES lists them, and only they are left out.
+# document describes; dashboard.routes.PAGE_ROUTES lists them, and only they are left out.
 PAGE_OPERATIONS = {(method, template(path)) for method, path, _ in PAGE_ROUTES}
 
 

@@ -47,7 +47,7 @@ def dashboard(db_path, clock):
         return one
     first = start()
     account = first.app.directory.create_account("Shop", "free")
-    first.app.dashboard.users.create_user(OWNER, passwords.hash_password(PASSWORD),
+    first.app.dashboard.resource.users.create_user(OWNER, passwords.hash_password(PASSWORD),
                                           [account["id"]])
     yield first, start
     for one in started:

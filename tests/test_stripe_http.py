@@ -185,7 +185,7 @@ def test_unknown_types_are_200_ignored_and_counted_in_logs(stripe_site, caplog, 
             data = stripe_site.post(stripe_event("plan.created", plan, created=1, event_id=f"e{n}"))
             assert data == {"ok": True, "data": {"id": f"e{n}", "status": "ignored"}}
     assert "ignored event type plan.created" in caplog.text and "(2 of this type" in caplog.text
-    assert tally.stripe_webhook.ignored.counts() == {"plan.created": 2}
+    assert tally.stripe_webhook.resource.ignored.counts() == {"plan.created": 2}
     assert metrics.LOCAL.get_sample_value("tally_stripe_events_total",
                                           {"outcome": "ignored", "type": "plan.created"}) == before + 2
 
