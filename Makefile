@@ -64,8 +64,10 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # The suite in PYTEST_WORKERS processes (an idle one takes tests from a busy one), on both
-# backends: PostgreSQL at TALLY_TEST_DATABASE_URL (README).
-PYTEST_WORKERS ?= 3
+# backends: PostgreSQL at TALLY_TEST_DATABASE_URL (README). Twice the 2 cores: many tests
+# wait on a server, a subprocess or PostgreSQL, and a fourth process fills those waits
+# (quiet, 2026-11-27: 3 processes 5:11, 4 processes 4:39; docs/DEVELOPING.md).
+PYTEST_WORKERS ?= 4
 test: install system-deps
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
