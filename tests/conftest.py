@@ -405,6 +405,22 @@ def execute(db_path: str, sql: str, params=()) -> int:
         conn.close()
 
 
+def beside_tally(db: str, ddl: str) -> None:
+    """A test's own change to a table (a trigger made or dropped) while a running server
+    keeps writing to it: PostgreSQL ends one side of a deadlock between them, and when it
+    picks this one the statement runs again (Tally runs its own transaction again too)."""
+    from storage.postgres import is_conflict
+
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            execute(db, ddl)
+            return
+        except Exception as exc:
+            if not is_conflict(exc) or time.monotonic() > deadline:
+                raise
+
+
 def fill_postgres_disk(db: str, tables: tuple[str, ...]) -> None:
     """Writes to `tables` fail as PostgreSQL's do when it cannot extend a file (disk_full),
     through triggers: the server's real disk cannot be filled for one schema."""
@@ -413,13 +429,13 @@ def fill_postgres_disk(db: str, tables: tuple[str, ...]) -> None:
                 " USING ERRCODE = 'disk_full'; END $$")
     for table in tables:
         # sql-safe: table names the test passes, fixed in its code
-        execute(db, f"CREATE TRIGGER disk_full BEFORE INSERT OR UPDATE ON {table}"
-                    " FOR EACH ROW EXECUTE FUNCTION disk_full()")
+        beside_tally(db, f"CREATE TRIGGER disk_full BEFORE INSERT OR UPDATE ON {table}"
+                         " FOR EACH ROW EXECUTE FUNCTION disk_full()")
 
 
 def free_postgres_disk(db: str, tables: tuple[str, ...]) -> None:
     for table in tables:
-        execute(db, f"DROP TRIGGER disk_full ON {table}")  # sql-safe: as in fill_postgres_disk
+        beside_tally(db, f"DROP TRIGGER disk_full ON {table}")  # sql-safe: as in fill_postgres_disk
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from tests.conftest import (
     WAIT,
     FakeClock,
     bearer,
+    beside_tally,
     cli_json,
     execute,
     is_postgres,
@@ -36,8 +37,8 @@ def refusing_trigger(db_path: str, name: str, table: str, message: str,
                          " END $$")
         condition = f"WHEN ({when})" if when else ""
         # sql-safe: the test's own fixed trigger, table and condition text
-        execute(db_path, f"CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW"
-                         f" {condition} EXECUTE FUNCTION {name}()")
+        beside_tally(db_path, f"CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW"
+                              f" {condition} EXECUTE FUNCTION {name}()")
     else:
         condition = f"WHEN {when}" if when else ""
         # sql-safe: the test's own fixed trigger, table and condition text
@@ -46,8 +47,8 @@ def refusing_trigger(db_path: str, name: str, table: str, message: str,
 
 
 def drop_trigger(db_path: str, name: str, table: str) -> None:
-    execute(db_path, f"DROP TRIGGER {name} ON {table}" if is_postgres(db_path)
-            else f"DROP TRIGGER {name}")
+    beside_tally(db_path, f"DROP TRIGGER {name} ON {table}" if is_postgres(db_path)
+                 else f"DROP TRIGGER {name}")
 
 
 def poison_trigger(db_path: str) -> None:

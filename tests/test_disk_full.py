@@ -17,7 +17,7 @@ import time
 import orjson
 import pytest
 
-from tests.conftest import WAIT, Server, cli_json, execute, http, is_postgres, rows
+from tests.conftest import Server, beside_tally, cli_json, execute, http, is_postgres, rows
 from tests.fsfaults import tiny_filesystem
 from tests.routes import event
 from tests.test_faults import assert_database_consistent, seed, stored_event_numbers, wait_until
@@ -120,22 +120,6 @@ def test_a_batch_too_big_for_the_space_freed_is_stored_in_parts(tmp_path):
               f"drained {seconds:.1f} s after SIGTERM")
 
 
-def beside_the_flush(db: str, ddl: str) -> None:
-    """The test's own change to `events` while the server's flush keeps trying its inserts:
-    PostgreSQL ends one side of a deadlock between them, and when it picks this one the
-    statement runs again (the flush runs its own again too)."""
-    from storage.postgres import is_conflict
-
-    deadline = time.monotonic() + WAIT
-    while True:
-        try:
-            execute(db, ddl)
-            return
-        except Exception as exc:
-            if not is_conflict(exc) or time.monotonic() > deadline:
-                raise
-
-
 def test_on_postgresql_a_batch_too_big_for_the_space_left_is_stored_in_parts(postgres_schema,
                                                                             tmp_path):
     """PostgreSQL's disk cannot be filled for one schema: triggers raise disk_full as the
@@ -157,10 +141,10 @@ def test_on_postgresql_a_batch_too_big_for_the_space_left_is_stored_in_parts(pos
                     " BEGIN IF (SELECT count(*) FROM added) > 1000 THEN"
                     " RAISE EXCEPTION 'could not extend file: No space left on device'"
                     " USING ERRCODE = 'disk_full'; END IF; RETURN NULL; END $$")
-        beside_the_flush(db, "CREATE TRIGGER space_for_1000 AFTER INSERT ON events"
-                             " REFERENCING NEW TABLE AS added FOR EACH STATEMENT"
-                             " EXECUTE FUNCTION space_for_1000()")
-        beside_the_flush(db, "DROP TRIGGER disk_full ON events")
+        beside_tally(db, "CREATE TRIGGER space_for_1000 AFTER INSERT ON events"
+                         " REFERENCING NEW TABLE AS added FOR EACH STATEMENT"
+                         " EXECUTE FUNCTION space_for_1000()")
+        beside_tally(db, "DROP TRIGGER disk_full ON events")
         seconds = drain_on_sigterm(server)
     finally:
         server.stop()
