@@ -184,7 +184,9 @@ def test_a_lagging_replica_sends_reads_to_the_primary(site, replica):
 
 def test_the_first_read_of_a_new_service_reads_the_replica(site, replica):
     tally = site.app(max_lag=3600)
-    # The replica has replayed what the primary holds now: within the bound from here on.
+    # Once the replica has replayed what the primary holds now (the new service's start
+    # wrote to it), the replica is within the bound from here on.
+    wait_replayed(POSTGRES_URL, replica)
     assert tally.db.replica.usable(tally.db._primary_position)
     replica.pause_replay()
     site.visit(tally)
