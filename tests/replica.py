@@ -11,6 +11,13 @@ entry, so `allow_replication` adds `host replication all 127.0.0.1/32 trust` (no
 what the server already grants 127.0.0.1: a superuser login without a password) and
 reloads the configuration; no restart is needed. Changing wal_level or max_wal_senders
 would need one, so a server without them is reported, not changed.
+
+The replica streams through a physical replication slot of its own, so the primary keeps
+every WAL segment the replica has not received. Without one, a replica stopped while the
+rest of the suite writes finds, on its start, that a checkpoint has recycled the segment
+it needs ("requested WAL segment ... has already been removed") and never catches up.
+The slot is dropped on leaving; a slot left by a test process that died is dropped by
+the next replica made, since a forgotten slot holds WAL on the test server for good.
 """
 
 from __future__ import annotations
@@ -111,6 +118,46 @@ def allow_replication(admin: psycopg.Connection) -> None:
         raise ReplicaUnavailable("the test server did not reload its configuration")
 
 
+SLOT_PREFIX = "tally_replica_"
+
+
+def _slot_name() -> str:
+    return f"{SLOT_PREFIX}{os.getpid()}_{os.urandom(3).hex()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def drop_forgotten_slots(admin: psycopg.Connection) -> list[str]:
+    """Drop the inactive replica slots whose test process is gone; return their names."""
+    dropped = []
+    for (name,) in admin.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE NOT active"
+            " AND slot_name LIKE %s", (SLOT_PREFIX + "%",)).fetchall():
+        pid = name[len(SLOT_PREFIX):].split("_", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            admin.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+            dropped.append(name)
+    return dropped
+
+
+def _drop_slot(primary_url: str, slot: str) -> None:
+    with _admin(primary_url) as admin:
+        # The primary's WAL sender lets go of the slot shortly after the replica stops.
+        _wait(f"the replication slot {slot} stayed active", lambda: not admin.execute(
+            "SELECT COALESCE(bool_or(active), false) FROM pg_replication_slots"
+            " WHERE slot_name = %s", (slot,)).fetchone()[0])
+        admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                      " WHERE slot_name = %s", (slot,))
+
+
 class StreamingReplica:
     def __init__(self, folder: str, port: int, bindir: str):
         self.folder = folder
@@ -170,6 +217,7 @@ def streaming_replica(primary_url: str):
     admin = _admin(primary_url)
     try:
         allow_replication(admin)
+        drop_forgotten_slots(admin)
         minimums = {name: admin.execute(f"SHOW {name}").fetchone()[0]  # sql-safe: constants
                     for name in STANDBY_MINIMUMS}
     finally:
@@ -180,11 +228,12 @@ def streaming_replica(primary_url: str):
     postgres = pwd.getpwnam("postgres")
     os.chown(folder, postgres.pw_uid, postgres.pw_gid)
     replica = StreamingReplica(folder, _free_port(), bindir)
+    slot = _slot_name()
     try:
         copied = _as_postgres([
             os.path.join(bindir, "pg_basebackup"), "-h", parts.hostname or "127.0.0.1",
             "-p", str(parts.port or 5432), "-U", "postgres", "-D", replica.data,
-            "-X", "stream", "-R", "-c", "fast", "--no-sync"], timeout=600)
+            "-X", "stream", "-R", "-C", "-S", slot, "-c", "fast", "--no-sync"], timeout=600)
         if copied.returncode != 0:
             raise ReplicaUnavailable(f"pg_basebackup failed: {copied.stderr.strip()}")
         settings = {
@@ -217,7 +266,10 @@ def streaming_replica(primary_url: str):
             replica.pg_ctl("-w", "-t", "60", "-m", "immediate", "stop")
         except RuntimeError:
             pass  # it was not running
-        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            _drop_slot(primary_url, slot)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def wait_replayed(primary_url: str, replica: StreamingReplica, seconds: float = WAIT) -> None:
@@ -225,5 +277,8 @@ def wait_replayed(primary_url: str, replica: StreamingReplica, seconds: float = 
     with _admin(primary_url) as admin:
         target = admin.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
     with replica.connect() as conn:
-        _wait("the replica did not catch up", lambda: conn.execute(
-            "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)).fetchone()[0], seconds)
+        if not wait_until(lambda: conn.execute(
+                "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)).fetchone()[0],
+                seconds):
+            raise RuntimeError(f"the replica did not catch up within {seconds:g} s; its log:\n"
+                               f"{replica.log_tail()}")

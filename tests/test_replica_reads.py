@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 
 import orjson
+import psycopg
 import pytest
 import webtest
 
@@ -28,7 +30,13 @@ from storage.users import Users
 from tests import dashboard_seed as seed
 from tests.conftest import WAIT, FakeClock, bearer, rows, wait_until
 from tests.realparts import POSTGRES_URL
-from tests.replica import ReplicaUnavailable, streaming_replica, wait_replayed
+from tests.replica import (
+    SLOT_PREFIX,
+    ReplicaUnavailable,
+    drop_forgotten_slots,
+    streaming_replica,
+    wait_replayed,
+)
 
 DAY = 86_400
 
@@ -191,6 +199,39 @@ def test_the_first_read_of_a_new_service_reads_the_replica(site, replica):
     replica.pause_replay()
     site.visit(tally)
     assert site.visitors(tally) == 6  # the read thread's first read, on the replica
+
+
+def test_a_replica_stopped_while_the_primary_recycles_its_wal_catches_up(replica):
+    # The rest of the suite writes while a replica is stopped: checkpoints on the primary
+    # then recycle the WAL the replica has not received, unless its slot holds it.
+    replica.stop()
+    try:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+            for _ in range(2):
+                admin.execute("SELECT pg_switch_wal()")
+                admin.execute("CHECKPOINT")
+    finally:
+        replica.start()
+    wait_replayed(POSTGRES_URL, replica)
+
+
+def test_a_slot_left_by_a_test_process_that_died_is_dropped_and_a_live_ones_kept(replica):
+    dead = _ended_pid()
+    names = (f"{SLOT_PREFIX}{dead}_aaaaaa", f"{SLOT_PREFIX}{os.getpid()}_bbbbbb")
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+        for name in names:
+            admin.execute("SELECT pg_create_physical_replication_slot(%s)", (name,))
+        try:
+            assert drop_forgotten_slots(admin) == [names[0]]
+        finally:
+            admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                          " WHERE slot_name = ANY(%s)", (list(names),))
+
+
+def _ended_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 @pytest.mark.parametrize("environ, message", [
