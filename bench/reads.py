@@ -370,7 +370,8 @@ def run_backend(backend: str, args, folder: Path, log) -> dict:
         return result
 
 
-def main(argv=None) -> int:
+def parse_options(argv=None) -> argparse.Namespace:
+    """The bench's options; `make bench` (bench.run) builds its own through this too."""
     parser = argparse.ArgumentParser(prog="bench.reads", description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--backend", nargs="+", choices=("sqlite", "postgres"),
@@ -389,7 +390,11 @@ def main(argv=None) -> int:
                         help="skip timing each worst request alone")
     parser.add_argument("--no-unbounded", dest="unbounded", action="store_false",
                         help="skip running the worst reports to their end without a budget")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_options(argv)
 
     def log(line: str) -> None:
         print(line, flush=True)

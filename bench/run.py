@@ -395,15 +395,14 @@ class Bench:
     def reads(self) -> dict:
         """The worst reads within the documented limits, alone and ten at once against
         ingestion (bench/reads.py, which runs alone too: make bench-reads)."""
-        from types import SimpleNamespace
-
         from bench import reads
 
         self.close()  # its own service on its own database, the machine otherwise quiet
-        options = SimpleNamespace(
-            events=100_000 if self.quick else 1_000_000, budget=None, workers=self.workers,
-            duration=self.load.duration, rate=200, rounds=1 if self.quick else 3, alone=True,
-            unbounded=not self.quick, postgres_url=self.postgres_url)
+        options = reads.parse_options([
+            "--events", str(100_000 if self.quick else 1_000_000),
+            "--workers", str(self.workers), "--duration", str(self.load.duration),
+            "--rounds", str(1 if self.quick else 3), "--postgres-url", self.postgres_url,
+            *(["--no-unbounded"] if self.quick else [])])
         return reads.run_backend(self.backend, options, self.folder,
                                  lambda line: print(line, file=sys.stderr, flush=True))
 

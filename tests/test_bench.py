@@ -240,3 +240,19 @@ def test_an_unreachable_postgresql_is_recorded_as_skipped(tmp_path, capsys):
     assert all(r["status"] == "skipped" and "no PostgreSQL at" in r["reason"]
                for r in skipped.values())
     assert "secret" not in out.read_text() and "secret" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_make_bench_hands_the_reads_bench_every_option_its_own_command_line_has(
+        quick, monkeypatch, tmp_path):
+    from bench import reads
+
+    handed = {}
+    monkeypatch.setattr(reads, "run_backend", lambda backend, options, folder, log:
+                        handed.update(vars(options)) or {})
+    bench = run.Bench(workers=2, load=run.Load(threads=1, connections=4, duration=7),
+                      folder=tmp_path, quick=quick)
+    bench.reads()
+    assert handed.keys() == vars(reads.parse_options([])).keys()
+    assert handed["duration"] == 7 and handed["workers"] == 2
+    assert handed["unbounded"] is not quick
