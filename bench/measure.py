@@ -14,6 +14,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -379,6 +380,89 @@ def postgres_database(server_url: str, prefix: str):
     finally:
         with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as admin:
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')  # sql-safe: as created above
+
+
+class CpuWeightUnavailable(RuntimeError):
+    """This machine cannot put the database server in a CPU group (the message says why)."""
+
+
+def _postmaster_pid(server_url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    try:
+        stat = Path(f"/proc/{backend}/stat").read_text()
+    except OSError:
+        raise CpuWeightUnavailable("the PostgreSQL server is not a process of this machine") \
+            from None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _cpu_cgroup_root() -> tuple[Path, str]:
+    """The CPU controller's hierarchy and its weight file (cgroup v2's cpu.weight, 1-10000,
+    is systemd's CPUWeight; v1's cpu.shares is 1024 for a weight of 100)."""
+    unified = Path("/sys/fs/cgroup")
+    subtree = unified / "cgroup.subtree_control"
+    if subtree.exists() and "cpu" in subtree.read_text().split():
+        return unified, "cpu.weight"
+    if (unified / "cpu" / "cpu.shares").exists():
+        return unified / "cpu", "cpu.shares"
+    raise CpuWeightUnavailable("no cgroup CPU controller is mounted")
+
+
+@contextlib.contextmanager
+def postgres_cpu_weight(server_url: str, weight: int, wait: float = 600.0):
+    """The PostgreSQL server (its postmaster and every process of it, so also the backends
+    it starts meanwhile) in a CPU group of `weight` (systemd's CPUWeight; others have 100),
+    as `CPUWeight=` in a drop-in for postgresql@.service does (docs/deploy/systemd); moved
+    back where it was on leaving. Needs root and a local server. One run at a time on the
+    machine (a lock file): two would move the one server between their groups."""
+    import fcntl
+
+    if os.geteuid() != 0:
+        raise CpuWeightUnavailable("moving the server into a CPU group needs root")
+    root, weight_file = _cpu_cgroup_root()
+    postmaster = _postmaster_pid(server_url)
+    with open(Path(tempfile.gettempdir()) / "tally-bench-postgres-cpu.lock", "w") as lock:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise CpuWeightUnavailable(
+                        f"another run kept the server in its CPU group for {wait:g} s") from None
+                time.sleep(0.1)
+        with _cpu_group(root, weight_file, weight, postmaster) as group:
+            yield group
+
+
+@contextlib.contextmanager
+def _cpu_group(root: Path, weight_file: str, weight: int, postmaster: int):
+    group = root / f"tally-bench-postgres-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / weight_file).write_text(
+            str(weight if weight_file == "cpu.weight" else weight * 1024 // 100))
+        for pid in (postmaster, *children(postmaster)):
+            try:
+                (group / "cgroup.procs").write_text(str(pid))
+            except ProcessLookupError:
+                continue  # a backend that ended meanwhile
+        yield group
+    finally:
+        for _ in range(100):  # a backend forked while moving lands in the group too
+            left = (group / "cgroup.procs").read_text().split()
+            if not left:
+                break
+            for pid in left:
+                try:
+                    (root / "cgroup.procs").write_text(pid)
+                except ProcessLookupError:
+                    continue
+        group.rmdir()
 
 
 class DatabaseProbe:

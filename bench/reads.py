@@ -30,6 +30,9 @@ gunicorn.conf.py, 2 workers) with the default read budget (TALLY_READ_BUDGET, or
   each round's ratio of the two p99s, and their median. What the reads cost the machine
   (PostgreSQL's backends, or cores the reads keep busy) weighs on both halves, so this
   ratio shows what they do to their own service beyond that; the rounds above show all.
+- ingest_postgres_cpu_weight (--postgres-cpu-weight W, PostgreSQL, root): the ingest rounds
+  again with the server's processes in a CPU group of weight W, as a `CPUWeight=W` drop-in
+  for postgresql@.service does on a box that runs both (docs/deploy/systemd).
 
 It reports and fails nothing (a step that cannot run is recorded as an error). Figures are
 written to bench/results/reads.json and printed; the machine's load average is recorded
@@ -54,6 +57,7 @@ import orjson
 from bench.bodies import SITE_HOSTS, single_event_bodies
 from bench.measure import (
     REPO,
+    CpuWeightUnavailable,
     DatabaseProbe,
     Load,
     Service,
@@ -63,6 +67,7 @@ from bench.measure import (
     loadavg,
     machine_info,
     open_target,
+    postgres_cpu_weight,
     postgres_database,
     run_wrk,
     write_bodies,
@@ -262,6 +267,20 @@ def ingest_rounds(service: Service, bodies: Path, key: str, hammering: list, arg
     return {"rate_rps": args.rate, "seconds_each": args.duration, **summary, "rounds": rounds}
 
 
+def weighted_rounds(service: Service, bodies: Path, key: str, hammering: list, args,
+                    log) -> dict:
+    """The ingest rounds again with the PostgreSQL server in a CPU group of
+    --postgres-cpu-weight (its reads then weigh less than the service's workers)."""
+    weight = args.postgres_cpu_weight
+    try:
+        with postgres_cpu_weight(args.postgres_url, weight):
+            rounds = ingest_rounds(service, bodies, key, hammering, args, log,
+                                   f"postgres, CPUWeight={weight}")
+    except CpuWeightUnavailable as exc:
+        return {"status": "skipped", "reason": str(exc)}
+    return {"cpu_weight": weight, **rounds}
+
+
 def side_by_side(services: tuple[Service, Service], bodies: Path, key: str, hammering: list,
                  args, log, backend: str) -> dict:
     """Rounds in which the events p99 of `services` (quiet, busy) is measured at the same
@@ -353,6 +372,9 @@ def run_backend(backend: str, args, folder: Path, log) -> dict:
                          for path, keyed in list(paths.values())[:3]]
             result["ingest"] = ingest_rounds(service, bodies, events_key, hammering, args, log,
                                              backend)
+            if backend == "postgres" and args.postgres_cpu_weight:
+                result["ingest_postgres_cpu_weight"] = weighted_rounds(
+                    service, bodies, events_key, hammering, args, log)
         finally:
             service.stop()
         if args.side_by_side:
@@ -388,6 +410,10 @@ def parse_options(argv=None) -> argparse.Namespace:
                         help="also measure quiet and busy at the same time, on two services")
     parser.add_argument("--no-alone", dest="alone", action="store_false",
                         help="skip timing each worst request alone")
+    parser.add_argument("--postgres-cpu-weight", type=int, default=None, metavar="WEIGHT",
+                        help="PostgreSQL only: also run the ingest rounds with the server in a"
+                             " CPU group of this weight (systemd's CPUWeight; 100 is the"
+                             " default; needs root and a local server)")
     parser.add_argument("--no-unbounded", dest="unbounded", action="store_false",
                         help="skip running the worst reports to their end without a budget")
     return parser.parse_args(argv)

@@ -16,7 +16,7 @@ from crawlerdetect import CrawlerDetect
 
 from bench import bodies, results, run, source_cost
 from bench.ceiling_app import create_app
-from tests.conftest import BIN, REPO
+from tests.conftest import BIN, REPO, WAIT
 
 
 def test_ceiling_app_answers_post_with_204_and_no_body():
@@ -256,3 +256,28 @@ def test_make_bench_hands_the_reads_bench_every_option_its_own_command_line_has(
     assert handed.keys() == vars(reads.parse_options([])).keys()
     assert handed["duration"] == 7 and handed["workers"] == 2
     assert handed["unbounded"] is not quick
+
+
+def test_the_reads_bench_puts_the_postgresql_server_in_a_cpu_group_and_back():
+    import psycopg
+
+    from bench.measure import CpuWeightUnavailable, _postmaster_pid, postgres_cpu_weight
+    from tests.realparts import POSTGRES_URL
+
+    def cpu_group(pid: int) -> str:
+        with open(f"/proc/{pid}/cgroup") as groups:
+            return next(line.split(":", 2)[2].strip() for line in groups
+                        if line.split(":")[1] in ("cpu", "cpu,cpuacct", ""))
+
+    try:
+        postmaster = _postmaster_pid(POSTGRES_URL)
+        where = cpu_group(postmaster)
+        # Weight 100 is everyone's: the suite's other tests on the server are not slowed.
+        with postgres_cpu_weight(POSTGRES_URL, 100, wait=WAIT) as group, \
+                psycopg.connect(POSTGRES_URL) as conn:
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            assert cpu_group(backend).endswith(group.name)  # started inside: it is inside
+            assert cpu_group(postmaster).endswith(group.name)
+    except CpuWeightUnavailable as exc:  # bench tooling, not a part of Tally
+        pytest.skip(f"SKIPPED LOUDLY: no CPU group for the PostgreSQL server here: {exc}")
+    assert not group.exists() and cpu_group(postmaster) == where
