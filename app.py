@@ -29,7 +29,7 @@ from api.payments import PaymentsResource
 from api.records import CustomerRecord, PaymentRecord
 from api.script import TrackerScript
 from api.stats import add_stats_routes
-from config import Config
+from config import READ_BUDGET, Config
 from dashboard.routes import add_page_routes, responder_names
 from enrichment.browser_ids import BrowserIds, BrowserVisitors
 from enrichment.enricher import Enricher
@@ -37,8 +37,9 @@ from ingest.flusher import Flusher
 from ingest.pipeline import BatchWriter
 from ingest.queue import EventQueue
 from quota.usage import QuotaGuard
+from reports.days.ahead import BREAKDOWNS, store_final_days
 from storage.backend import open_database
-from storage.db import Database, StorageError
+from storage.db import Database, ReadBudgetExceeded, StorageBusy, StorageError
 from storage.directory import Directory
 from storage.events import make_event_months
 from storage.funnels import Funnels
@@ -145,7 +146,7 @@ class Tally:
         # another, so they cannot take the owner's. Under the server, in read processes
         # (storage/read_processes.py), one read at a time, the owner's first, and fewer
         # at once on the machine than its cores; else on threads of this process.
-        gate = ReadGate(slots_for(config))
+        self.read_gate = gate = ReadGate(slots_for(config))
         self.reads, self.anonymous_reads = (
             ReadProcesses(config, config.read_budget, processes=config.read_threads,
                           nice=config.read_nice, preload=("api.stats", "dashboard.web"),
@@ -154,7 +155,12 @@ class Tally:
             ReadPool(db, config.read_budget, check_steps=config.read_budget_check_steps,
                      threads=config.read_threads, nice=config.read_nice)
             for first in (True, False))
-        self.services += [self.reads, self.anonymous_reads]
+        # The duty that counts final days ahead reads on a thread of this process at the
+        # read processes' priority, in its turn after every waiting read: a worker that
+        # only takes in events starts no read process for it.
+        self.duty_reads = ReadPool(db, config.read_budget, threads=1, nice=config.read_nice,
+                                   check_steps=config.read_budget_check_steps)
+        self.services += [self.reads, self.anonymous_reads, self.duty_reads]
         add_stats_routes(self.wsgi, self.auth, db, clock, self.reads, config.flush_interval)
         add_funnel_routes(self.wsgi, self.auth, Funnels(db, clock))
         self.wsgi.add_route("/api/v1/openapi.json", OpenApiDocument())
@@ -166,6 +172,9 @@ class Tally:
                  run=self._prune_salts),
             Task("make the coming months' event partitions (PostgreSQL)", every=3600.0,
                  run=self._make_event_months),
+            # Not in a worker's first minutes: its start and first requests come first.
+            Task("count recent final days of traffic ahead of the reports", every=3600.0,
+                 first=600.0, run=self.count_final_days),
         ])
         self.services.append(self.tasks)
 
@@ -203,6 +212,28 @@ class Tally:
         if made:
             log.info("made the events partitions of %s", ", ".join(
                 time.strftime("%Y-%m", time.gmtime(month / 1000)) for month in made))
+
+    def count_final_days(self) -> int:
+        """Count and store each site's recent final days (reports/days/ahead.py), each as a
+        read after those waiting; how many reads ran. A read stopped at its budget keeps what
+        it stored and the next turn goes on; a busy machine ends this turn."""
+        now, ran = self.clock(), 0
+        wait = self.config.read_budget or READ_BUDGET  # a duty never waits without end
+        for site in self.directory.list_sites():
+            record = self.directory.find_site(site["id"])
+            for by in BREAKDOWNS:
+                if record is None or self.tasks.stopping():
+                    break
+                try:
+                    with self.read_gate.turn(first=False, wait=wait):
+                        self.duty_reads.call(store_final_days, record.id, now, by)
+                except ReadBudgetExceeded:
+                    pass
+                except StorageBusy as exc:
+                    log.info("final days not counted ahead this time (%s)", exc)
+                    return ran
+                ran += 1
+        return ran
 
     def _prune_salts(self) -> None:
         try:

@@ -1,7 +1,8 @@
 """Tally's background duties, in one list (like GoatCounter's cron.Tasks).
 
 Each worker runs them on one thread, started by Tally.start() after the fork and stopped
-by Tally.stop(). A duty runs every `every` seconds (the first time one tick after start);
+by Tally.stop(). A duty runs every `every` seconds (the first time one tick after start,
+or `first` seconds after it);
 one that fails is logged and runs again at its next turn. The events flush is not among
 them: it has its own thread (ingest/flusher.py), woken by the queue as events arrive.
 """
@@ -22,6 +23,7 @@ class Task:
     name: str
     every: float  # seconds between runs
     run: Callable[[], None]
+    first: float = 0.0  # seconds from the start to the first run (0: at the first tick)
 
 
 class Tasks:
@@ -41,7 +43,7 @@ class Tasks:
         now = self.clock()
         ran = []
         for task in self.tasks:
-            if self._due.setdefault(task.name, now) > now:
+            if self._due.setdefault(task.name, now + task.first) > now:
                 continue
             self._due[task.name] = now + task.every
             ran.append(task.name)
@@ -58,6 +60,10 @@ class Tasks:
         self._stopping.clear()
         self._thread = threading.Thread(target=self._loop, name="tally-tasks", daemon=True)
         self._thread.start()
+
+    def stopping(self) -> bool:
+        """Whether stop() was called: a long duty checks it between its steps."""
+        return self._stopping.is_set()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()

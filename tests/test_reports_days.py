@@ -12,8 +12,11 @@ from datetime import date
 from decimal import Decimal
 
 import pytest
+import webtest
 
+from app import create_app
 from reports.days import queries, traffic_days
+from reports.days.ahead import BREAKDOWNS
 from reports.days.queries import DIMENSIONS
 from reports.shared.params import DateRange
 from tests.conftest import WAIT, WriteLock, bearer, connect, delete_unchecked
@@ -57,6 +60,8 @@ def traffic(client, tally, site, clock, db_path):
             clock.set(at)
             resp = client.get(path, headers=headers)
             return json.loads(resp.body, parse_float=Decimal)["data"]
+
+        headers = bearer(site["key"])
 
         def stored_days(self):
             return [r[0] for r in self.db.execute("SELECT day FROM traffic_days ORDER BY day")]
@@ -107,6 +112,62 @@ def test_stored_days_are_read_not_recounted(traffic, db_path):
     assert rows(traffic.get(f"/api/v1/stats/breakdown?by=page&{RANGE}", later)) == EXPECTED_PAGES
     # A dimension never asked for was not stored: it is counted from what is left.
     assert rows(traffic.get(f"/api/v1/stats/breakdown?by=country&{RANGE}", later)) == []
+
+
+def test_the_background_duty_counts_final_days_ahead_and_reports_read_them_after_a_restart(
+        traffic, tally, clock, config, db_path):
+    later = FIRST_DAY + 9 * DAY
+    breakdowns = {by: rows(traffic.get(f"/api/v1/stats/breakdown?by={by}&{RANGE}", later))
+                  for by in DIMENSIONS}
+    delete_unchecked(db_path, "traffic_days", "traffic_day_dimensions", "traffic_day_values")
+    clock.set(later)
+    tally.db.release()  # the duty runs here, on the test's thread, as on the tasks thread
+    assert tally.count_final_days() == len(BREAKDOWNS)  # one site: the totals, each breakdown
+    # Every final day of the site's life, the empty ones after the traffic too: day 7 is
+    # the newest final one on day 9.
+    first = FIRST_DAY // DAY
+    assert traffic.stored_days() == list(range(first, first + 8))
+    stored = traffic.db.execute("SELECT DISTINCT dimension FROM traffic_day_dimensions").fetchall()
+    assert sorted(row[0] for row in stored) == sorted(DIMENSIONS)
+    # Were the events counted again, removing them would change the figures.
+    delete_unchecked(db_path, "events", "sessions")
+    assert traffic.get(f"/api/v1/stats/aggregate?{RANGE}", later) == EXPECTED_AGGREGATE
+    for by, expected in breakdowns.items():
+        assert rows(traffic.get(f"/api/v1/stats/breakdown?by={by}&{RANGE}", later)) == expected
+    # A restarted service reads the same stored days.
+    tally.stop(timeout=5)
+    restarted = create_app(config, clock=clock)
+    try:
+        again = webtest.TestApp(restarted).get(f"/api/v1/stats/aggregate?{RANGE}",
+                                               headers=traffic.headers)
+        assert json.loads(again.body, parse_float=Decimal)["data"] == EXPECTED_AGGREGATE
+    finally:
+        restarted.stop(timeout=5)
+
+
+def test_the_background_duty_skips_days_not_final_and_stops_when_tally_stops(
+        traffic, tally, clock):
+    # Two days after the last day's noon: days 0-1 are final, day 2 only just, day 3 not.
+    clock.set(FIRST_DAY + 4 * DAY + 12 * 3600)
+    tally.db.release()
+    assert tally.count_final_days() == len(BREAKDOWNS)
+    first = FIRST_DAY // DAY
+    assert traffic.stored_days() == [first, first + 1, first + 2]
+    tally.tasks.stop()
+    assert tally.count_final_days() == 0
+
+
+def test_the_duty_waits_its_turn_behind_other_reads_and_a_busy_machine_ends_its_turn(
+        traffic, tally, clock, caplog):
+    clock.set(FIRST_DAY + 9 * DAY)
+    tally.db.release()
+    with tally.read_gate.turn(first=True, wait=None), caplog.at_level("INFO", logger="tally"):
+        # Another read holds the worker's turn for longer than the duty waits (the budget).
+        assert tally.count_final_days() == 0
+    assert "final days not counted ahead this time (other reads kept this one waiting" \
+        in caplog.text
+    assert traffic.stored_days() == []
+    assert tally.count_final_days() == len(BREAKDOWNS)  # its next turn
 
 
 def test_a_day_with_an_open_session_is_not_stored(traffic):

@@ -32,13 +32,28 @@ def test_each_task_runs_when_due_and_a_failure_does_not_stop_the_others(caplog):
     assert ran == ["often", "rarely", "often", "often", "rarely"]
 
 
+def test_a_task_with_a_first_delay_waits_for_it_then_runs_every_period():
+    clock = FakeClock(1000.0)
+    tasks = Tasks([Task("later", 100.0, lambda: None, first=600.0)], clock=clock)
+    assert tasks.run_due() == []
+    clock.now += 599
+    assert tasks.run_due() == []
+    clock.now += 1
+    assert tasks.run_due() == ["later"]
+    clock.now += 99
+    assert tasks.run_due() == []
+    clock.now += 1
+    assert tasks.run_due() == ["later"]
+
+
 def test_the_app_prunes_visitor_salts_as_a_background_task(db_path):
     clock = FakeClock()
     tally = create_app(config_for(db_path), clock=clock,
                        random_bytes=counting_bytes())
     assert [task.name for task in tally.tasks.tasks] == [
         "prune visitor salts older than yesterday",
-        "make the coming months' event partitions (PostgreSQL)"]
+        "make the coming months' event partitions (PostgreSQL)",
+        "count recent final days of traffic ahead of the reports"]
     today = int(clock() * 1000) // DAY_MS
     conn = tally.db.conn()
     conn.executemany("INSERT INTO visitor_salts (day, salt, created_at) VALUES (?, ?, 0)",
