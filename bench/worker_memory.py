@@ -2,8 +2,10 @@
 server, no wrk), so that the machine's load moves the figure little.
 
     .venv/bin/python -m bench.worker_memory [--requests 3000] [--threads 16]
+                                            [--backend sqlite|postgres] [--part-events N]
 
-One process is one worker: `create_app` on a new SQLite file, gunicorn.conf.py's post_fork
+One process is one worker: `create_app` on a new SQLite file (or a new PostgreSQL
+database on --postgres-url), gunicorn.conf.py's post_fork
 hook (the malloc arenas), `Tally.start()` (the flush thread warms the parsers up), then
 gc.freeze() as post_worker_init does. VmHWM is reset (/proc/self/clear_refs) and THREADS
 threads post `make bench`'s batch bodies through falcon.testing until REQUESTS were
@@ -11,6 +13,7 @@ accepted: the flush thread cannot keep up, so the queue stays near TALLY_QUEUE_M
 the batches it cannot take are answered 503 (that thread then waits 5 ms), as a worker
 past its highest sustained rate does. Printed:
 VmRSS before, VmHWM during, VmRSS after the last flush, the answers, the events stored,
+the most events the queue held and the largest flush part (the peak follows both),
 and this process's CPU per stored event (request threads and the flush thread; the 503s
 cost a little of it).
 """
