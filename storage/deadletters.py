@@ -28,8 +28,9 @@ REASON_MAX_CHARS = 500
 def event_json(event) -> str:
     """A validated event (validation.event.CleanEvent) as JSON, without its IP address."""
     fields = event._asdict()
-    fields.pop("ip_packed", None)
-    fields["ip"] = None if fields.get("ip") is None else "(not kept)"
+    ip_packed, ua = fields.pop("ip_packed"), fields.pop("ua")
+    fields["ip"] = None if ip_packed is None else "(not kept)"
+    fields["ua"] = ua
     return orjson.dumps(fields).decode()
 
 

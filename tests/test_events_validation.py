@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from validation.event import InvalidEvent, parse_events, truncate_utf8
@@ -210,3 +211,18 @@ def test_first_invalid_field_in_a_fixed_order():
     assert refused(body).startswith("invalid event input: zz: ")
     del body["zz"]
     assert refused(body).startswith("invalid event input: e: ")
+
+
+def test_queued_events_hold_a_repeated_agent_and_name_once():
+    """A full queue of events from a few browsers holds each agent once, not per event
+    (docs/perf-notes.md, "Worker memory, fifth round")."""
+    agent = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
+    bodies = [orjson.loads(orjson.dumps({"s": "site", "b": [
+        {"e": "pageview", "u": "https://example.com/", "ip": "203.0.113.7", "ua": agent},
+        {"e": "$identify", "u": "https://example.com/", "uid": "u1", "ua": agent}]}))
+        for _ in range(2)]
+    events = [event for body in bodies for event in parse_events(body, 1_790_000_000_000)[1]]
+    assert [event.ua for event in events] == [agent] * 4
+    assert len({id(event.ua) for event in events}) == 1
+    assert len({id(event.name) for event in events if event.name == "pageview"}) == 1
+    assert events[0].ip_packed == bytes([203, 0, 113, 7])

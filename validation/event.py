@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import re
 import socket
+import sys
 from typing import NamedTuple
 
 import orjson
 
-from vocabulary import IDENTIFY, TS_FUTURE_MS, TS_PAST_MS
+from vocabulary import IDENTIFY, PAGEVIEW, TS_FUTURE_MS, TS_PAST_MS
 
 MAX_BODY_BYTES = 8_192
 MAX_BATCH = 50
@@ -34,6 +35,8 @@ BATCH_FIELDS = frozenset({"s", "b"})
 ELEMENT_FIELDS = SINGLE_FIELDS  # an element may repeat the batch's `s`
 
 _EVENT_NAME = re.compile(r"[A-Za-z0-9 _-]{1,64}")
+# The names nearly every event carries: valid as they are, and held once, not per event.
+_COMMON_NAMES = {PAGEVIEW: PAGEVIEW, IDENTIFY: IDENTIFY}
 # scheme://[userinfo@]host[:port] followed by the end or one of / ? #. Group 1 is the host.
 _HTTP_URL = re.compile(
     r"[hH][tT][tT][pP][sS]?://(?:[^/?#@]*@)?(\[[0-9A-Fa-f:.]+\]|[^/?#:@\[\]\s]+)(?::[0-9]*)?(?=[/?#]|\Z)"
@@ -83,8 +86,8 @@ class CleanEvent(NamedTuple):
     language: str | None
     uid: str | None
     props: str | None  # compact JSON text
-    ip: str | None
-    ip_packed: bytes | None  # 4 or 16 bytes; one spelling per address
+    ip_packed: bytes | None  # the address: 4 or 16 bytes, one spelling per address
+    # Interned: a queue of events sent by a few browsers holds each agent once.
     ua: str | None
 
 
@@ -128,9 +131,12 @@ def _site(body: dict) -> str:
 def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
     get = obj.get
 
-    name = get("e")
-    if name != IDENTIFY and (type(name) is not str or _EVENT_NAME.fullmatch(name) is None):
-        raise InvalidEvent(where + "e", MESSAGES["e"])
+    sent_name = get("e")
+    name = _COMMON_NAMES.get(sent_name) if type(sent_name) is str else None
+    if name is None:
+        if type(sent_name) is not str or _EVENT_NAME.fullmatch(sent_name) is None:
+            raise InvalidEvent(where + "e", MESSAGES["e"])
+        name = sent_name
 
     url = get("u")
     match = None
@@ -193,11 +199,16 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
             raise InvalidEvent(where + "ip", MESSAGES["ip"])
 
     ua = get("ua")
-    if ua is not None and type(ua) is not str:
+    if ua:
+        if type(ua) is not str:
+            raise InvalidEvent(where + "ua", MESSAGES["ua"])
+        # Its hash, computed here, is the one the bot check and the flush's parser cache use.
+        ua = sys.intern(ua)
+    elif ua is not None and type(ua) is not str:
         raise InvalidEvent(where + "ua", MESSAGES["ua"])
 
     return CleanEvent(name, ts, url, host, match.end(), referrer or None, title, width,
-                      language, uid, props, ip, ip_packed, ua or None)
+                      language, uid, props, ip_packed, ua or None)
 
 
 def _fits(text: str, limit: int) -> bool:
