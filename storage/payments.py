@@ -9,9 +9,11 @@ of its own, which takes every payment waiting into one transaction (on PostgreSQ
 holding the locks of their sites only), each inside a SAVEPOINT of its own (a payment
 that fails is rolled back alone and only its request sees the error), and answers each
 request once the COMMIT is durable. One lock wait, one commit and one log flush then
-serve all the payments that arrived meanwhile, instead of one each. On PostgreSQL the
-group is pipelined with a Sync after each payment (PostgresDatabase.grouped_transaction),
-and a group that a deadlock or serialization failure ended runs again.
+serve all the payments that arrived meanwhile, instead of one each. On PostgreSQL a
+payment reads nothing back, so the group goes in one pipeline read back once, without
+SAVEPOINTs, and only a group in which a payment failed runs again a SAVEPOINT and a Sync
+each (PostgresDatabase.grouped_transaction); the writer's connection prepares its
+statements, and a group that a deadlock or serialization failure ended runs again.
 """
 
 from __future__ import annotations
@@ -188,8 +190,8 @@ CONFLICT_ATTEMPTS = 3
 class GroupCommit:
     """A worker's payment writer: one thread, one connection of its own, one transaction
     for every payment waiting (on PostgreSQL holding their sites' locks), a SAVEPOINT
-    each, answered after the COMMIT is durable (SQLite's synchronous=FULL, PostgreSQL's
-    synchronous_commit)."""
+    each (on PostgreSQL only once a payment of the group failed), answered after the
+    COMMIT is durable (SQLite's synchronous=FULL, PostgreSQL's synchronous_commit)."""
 
     def __init__(self, db: Database):
         self.db = db
