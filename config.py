@@ -22,6 +22,9 @@ class Config:
     # file db_path is the database.
     database_url: str | None = None
     database_pool: int = 8  # PostgreSQL connections each process lends its request threads
+    # Whether the payment writer's PostgreSQL connection prepares its statements (off for
+    # PgBouncer's transaction mode before 1.21, which cannot keep them per client).
+    database_prepared: bool = True
     # A streaming replica of database_url that reads over HTTP use while it is at most
     # replica_max_lag seconds behind (storage/replica.py).
     database_read_url: str | None = None
@@ -81,6 +84,8 @@ class Config:
                                             defaults.replica_max_lag),
             database_pool=_int_between(env, "TALLY_DATABASE_POOL", defaults.database_pool,
                                        (1, 1000), "one connection"),
+            database_prepared=_choice(env, "TALLY_DATABASE_PREPARED", ("on", "off"),
+                                      "on") == "on",
             queue_max=_int_between(env, "TALLY_QUEUE_MAX", defaults.queue_max,
                                    QUEUE_MAX_RANGE, "the largest batch one request may carry"),
             flush_interval=_positive_float(env, "TALLY_FLUSH_INTERVAL", defaults.flush_interval),

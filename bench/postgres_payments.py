@@ -5,9 +5,10 @@
 Into a fresh database of the server at --url (default TALLY_BENCH_DATABASE_URL or the test
 server), one site: for each number of clients, `--payments` upserts shared among that many
 threads, each upserting one after another and giving its pooled connection back after each
-(as a request does). Per round: payments/s, the p50/p99 of an upsert's wall time, and the
+(as a request does). Per round: payments/s, the p50/p99 of an upsert's wall time, the
 CPU a payment cost the server (its backends for the bench database, /proc/<pid>/stat) and
-this process. Each payment has a customer (500 of them, so most upserts merge one) and a
+this process, and the round trips a payment cost: the times the writer waited for the
+server's results (a pipeline's sync or end), over the payments. Each payment has a customer (500 of them, so most upserts merge one) and a
 subscription (300, so most refresh one). Compare two versions of the code back to back on
 one machine; the server's CPU a payment is the figure load disturbs least.
 """
@@ -15,11 +16,14 @@ one machine; the server's CPU a payment is the figure load disturbs least.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import threading
 import time
 from collections.abc import Sequence
+
+import psycopg
 
 from bench.measure import DatabaseProbe, cpu_seconds, postgres_database
 from config import Config
@@ -39,6 +43,28 @@ def payment(n: int):
         "subscription": {"id": f"sub_{n % 300}", "status": "active"}})
 
 
+@contextlib.contextmanager
+def counted_round_trips():
+    """Counts the waits for the server's results in pipeline mode (every one of the payment
+    writer's statements is pipelined): a sync, or the end of a pipeline, which syncs."""
+    counted = [0]
+    sync, leave = psycopg.Pipeline.sync, psycopg.Pipeline.__exit__
+
+    def counted_sync(self):
+        counted[0] += 1
+        return sync(self)
+
+    def counted_exit(self, *exc):
+        counted[0] += self.level == 1
+        return leave(self, *exc)
+
+    psycopg.Pipeline.sync, psycopg.Pipeline.__exit__ = counted_sync, counted_exit
+    try:
+        yield counted
+    finally:
+        psycopg.Pipeline.sync, psycopg.Pipeline.__exit__ = sync, leave
+
+
 def run_round(db, store: PaymentStore, site_id: int, clients: int, payments: int,
               first: int, url: str) -> str:
     each = max(1, payments // clients)
@@ -55,10 +81,11 @@ def run_round(db, store: PaymentStore, site_id: int, clients: int, payments: int
     probe = DatabaseProbe(url).start()
     own_cpu = cpu_seconds(os.getpid())
     started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with counted_round_trips() as round_trips:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     elapsed = time.perf_counter() - started
     own_cpu = cpu_seconds(os.getpid()) - own_cpu
     server_cpu = probe.finish()
@@ -67,7 +94,8 @@ def run_round(db, store: PaymentStore, site_id: int, clients: int, payments: int
     return (f"{clients:>3} clients: {done / elapsed:7,.0f} payments/s,"
             f" p50 {every[done // 2] * 1000:6.2f} ms, p99 {every[int(done * 0.99)] * 1000:6.2f} ms,"
             f" server CPU {server_cpu / done * 1e6:6,.0f} us/payment,"
-            f" bench process CPU {own_cpu / done * 1e6:6,.0f} us/payment")
+            f" bench process CPU {own_cpu / done * 1e6:6,.0f} us/payment,"
+            f" round trips {round_trips[0] / done:4.2f}/payment")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,5 +15,6 @@ def open_database(config, *, parallel_query: bool = True):
                                 pool_size=config.database_pool,
                                 read_url=config.database_read_url,
                                 replica_max_lag=config.replica_max_lag,
-                                parallel_query=parallel_query)
+                                parallel_query=parallel_query,
+                                prepared_statements=config.database_prepared)
     return Database(config.db_path, busy_timeout_ms=config.busy_timeout_ms)

@@ -190,10 +190,11 @@ class Database:
     def location(self) -> str:
         return self.path
 
-    def connect(self, *, synchronous: str | None = None,
-                busy_timeout_ms: int | None = None) -> sqlite3.Connection:
+    def connect(self, *, synchronous: str | None = None, busy_timeout_ms: int | None = None,
+                prepared: bool = False) -> sqlite3.Connection:
         """A new connection in autocommit mode; transactions are explicit. busy_timeout_ms:
-        its own bound on waiting for the write lock, once the schema is in place."""
+        its own bound on waiting for the write lock, once the schema is in place.
+        `prepared` is PostgreSQL's (sqlite3 keeps every connection's statements prepared)."""
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(

@@ -9,9 +9,11 @@ of its own, which takes every payment waiting into one transaction (on PostgreSQ
 holding the locks of their sites only), each inside a SAVEPOINT of its own (a payment
 that fails is rolled back alone and only its request sees the error), and answers each
 request once the COMMIT is durable. One lock wait, one commit and one log flush then
-serve all the payments that arrived meanwhile, instead of one each. On PostgreSQL the
-group is pipelined with a Sync after each payment (PostgresDatabase.grouped_transaction),
-and a group that a deadlock or serialization failure ended runs again.
+serve all the payments that arrived meanwhile, instead of one each. On PostgreSQL a
+payment reads nothing back, so the group goes in one pipeline read back once, without
+SAVEPOINTs, and only a group in which a payment failed runs again a SAVEPOINT and a Sync
+each (PostgresDatabase.grouped_transaction); the writer's connection prepares its
+statements, and a group that a deadlock or serialization failure ended runs again.
 """
 
 from __future__ import annotations
@@ -76,26 +78,44 @@ _INSERT_OBSERVATION = statement(
     f"INSERT INTO subscription_observations (site_id, {_STATE_COLUMNS}, received_at)"  # noqa: S608 - fixed columns
     f" VALUES (?, {_STATE_MARKS}, ?)"
 )
-_LATEST_OBSERVATION = statement(
-    f"SELECT {_STATE_COLUMNS} FROM subscription_observations"  # noqa: S608 - fixed columns
-    " WHERE site_id = ? AND subscription_id = ? ORDER BY effective_at_ms DESC, id DESC LIMIT 1"
-)
-_UPSERT_SUBSCRIPTION = statement(
+_SUBSCRIPTION_COPY = ", ".join(f"{column} = excluded.{column}" for column in SUBSCRIPTION_STATE[1:])
+_OBSERVED_COLUMNS = ", ".join(f"o.{column}" for column in SUBSCRIPTION_STATE)
+# The subscriptions row becomes a copy of the subscription's latest observation: read
+# back by nothing, so a pipelined payment never waits on it.
+_REFRESH_SUBSCRIPTION = statement(
     f"INSERT INTO subscriptions (site_id, {_STATE_COLUMNS}, updated_at)"  # noqa: S608 - fixed columns
-    f" VALUES (?, {_STATE_MARKS}, ?) ON CONFLICT (site_id, subscription_id) DO UPDATE SET "
+    f" SELECT o.site_id, {_OBSERVED_COLUMNS}, ?3 FROM subscription_observations o"
+    " WHERE o.site_id = ?1 AND o.subscription_id = ?2"
+    " ORDER BY o.effective_at_ms DESC, o.id DESC LIMIT 1"
     # sql-safe: identifiers from the fixed tuple SUBSCRIPTION_STATE
-    + ", ".join(f"{column} = excluded.{column}" for column in SUBSCRIPTION_STATE[1:])
-    + ", updated_at = excluded.updated_at"
+    f" ON CONFLICT (site_id, subscription_id) DO UPDATE SET {_SUBSCRIPTION_COPY},"
+    " updated_at = excluded.updated_at"
 )
-
-
-_SUBSCRIPTION_OF_PAYMENT = statement(
-    "SELECT subscription_id FROM subscription_observations"
-    " WHERE site_id = ? AND payment_id = ?")
+# Before a payment's observation is replaced: the subscription it was observing, when
+# that is not the payment's subscription now (?3, or none), becomes a copy of its latest
+# other observation, or goes when it has none left.
+_PREVIOUS_SUBSCRIPTION = (
+    "(SELECT p.subscription_id FROM subscription_observations p"
+    " WHERE p.site_id = ?1 AND p.payment_id = ?2 AND (?3 IS NULL OR p.subscription_id <> ?3))")
+_REFRESH_PREVIOUS_SUBSCRIPTION = statement(
+    f"INSERT INTO subscriptions (site_id, {_STATE_COLUMNS}, updated_at)"  # noqa: S608 - fixed columns
+    f" SELECT o.site_id, {_OBSERVED_COLUMNS}, ?4 FROM subscription_observations o"
+    f" WHERE o.site_id = ?1 AND o.subscription_id = {_PREVIOUS_SUBSCRIPTION}"
+    " AND (o.payment_id IS NULL OR o.payment_id <> ?2)"
+    " ORDER BY o.effective_at_ms DESC, o.id DESC LIMIT 1"
+    # sql-safe: identifiers from the fixed tuple SUBSCRIPTION_STATE
+    f" ON CONFLICT (site_id, subscription_id) DO UPDATE SET {_SUBSCRIPTION_COPY},"
+    " updated_at = excluded.updated_at"
+)
+_DELETE_PREVIOUS_SUBSCRIPTION = statement(
+    "DELETE FROM subscriptions WHERE site_id = ?1"  # noqa: S608 - fixed text
+    f" AND subscription_id = {_PREVIOUS_SUBSCRIPTION}"
+    " AND NOT EXISTS (SELECT 1 FROM subscription_observations o WHERE o.site_id = ?1"
+    " AND o.subscription_id = subscriptions.subscription_id"
+    " AND (o.payment_id IS NULL OR o.payment_id <> ?2))"
+)
 _DELETE_OBSERVATION_OF_PAYMENT = statement(
     "DELETE FROM subscription_observations WHERE site_id = ? AND payment_id = ?")
-_DELETE_SUBSCRIPTION = statement(
-    "DELETE FROM subscriptions WHERE site_id = ? AND subscription_id = ?")
 
 
 # The most payments one group transaction takes: bounds how long the write lock is held
@@ -122,20 +142,10 @@ class PaymentStore:
 
     @classmethod
     def write(cls, conn: sqlite3.Connection, site_id: int, payment: Payment, now_ms: int) -> None:
-        """upsert's writes, inside a transaction the caller holds (the Stripe webhook's)."""
-        cls._upsert_customer(conn, site_id, payment, now_ms)
-        cls._upsert_payment(conn, site_id, payment, now_ms)
-        for subscription_id in cls._replace_observation(conn, site_id, payment, now_ms):
-            refresh_subscription(conn, site_id, subscription_id, now_ms)
-
-    @staticmethod
-    def _upsert_customer(conn: sqlite3.Connection, site_id: int, payment: Payment,
-                         now_ms: int) -> None:
+        """upsert's writes, inside a transaction the caller holds (the Stripe webhook's).
+        Nothing is read back (but a browser id's key): on PostgreSQL the statements go out
+        pipelined and a payment waits on no result of its own."""
         write_customer(conn, site_id, payment.customer, payment.paid_at.unix_ms, now_ms)
-
-    @staticmethod
-    def _upsert_payment(conn: sqlite3.Connection, site_id: int, payment: Payment,
-                        now_ms: int) -> None:
         conn.execute(
             _UPSERT_PAYMENT,
             (site_id, payment.payment_id, payment.customer.id, decimal_text(payment.amount),
@@ -143,30 +153,19 @@ class PaymentStore:
              payment.paid_at.text, payment.paid_at.unix_ms, _json_text(payment.metadata),
              payment.subscription.id if payment.subscription else None, now_ms, now_ms),
         )
-
-    @staticmethod
-    def _replace_observation(conn: sqlite3.Connection, site_id: int, payment: Payment,
-                             now_ms: int) -> set[str]:
-        """The payment's observation becomes its new subscription block (or none).
-
-        Returns the subscriptions whose latest state may have changed.
-        """
-        previous = conn.execute(
-            _SUBSCRIPTION_OF_PAYMENT,
-            (site_id, payment.payment_id),
-        ).fetchone()
-        conn.execute(
-            _DELETE_OBSERVATION_OF_PAYMENT,
-            (site_id, payment.payment_id),
-        )
-        touched = {previous[0]} if previous else set()
-        if payment.subscription is not None:
+        subscription = payment.subscription
+        # The payment's observation becomes its new subscription block (or none); the
+        # subscriptions it moves off and onto are copies of their latest observations.
+        previous = (site_id, payment.payment_id, subscription.id if subscription else None)
+        conn.execute(_REFRESH_PREVIOUS_SUBSCRIPTION, (*previous, now_ms))
+        conn.execute(_DELETE_PREVIOUS_SUBSCRIPTION, previous)
+        conn.execute(_DELETE_OBSERVATION_OF_PAYMENT, (site_id, payment.payment_id))
+        if subscription is not None:
             conn.execute(
                 _INSERT_OBSERVATION,
-                (site_id, *_subscription_state(payment, payment.subscription), now_ms),
+                (site_id, *_subscription_state(payment, subscription), now_ms),
             )
-            touched.add(payment.subscription.id)
-        return touched
+            refresh_subscription(conn, site_id, subscription.id, now_ms)
 
 
 class _Waiting:
@@ -191,8 +190,8 @@ CONFLICT_ATTEMPTS = 3
 class GroupCommit:
     """A worker's payment writer: one thread, one connection of its own, one transaction
     for every payment waiting (on PostgreSQL holding their sites' locks), a SAVEPOINT
-    each, answered after the COMMIT is durable (SQLite's synchronous=FULL, PostgreSQL's
-    synchronous_commit)."""
+    each (on PostgreSQL only once a payment of the group failed), answered after the
+    COMMIT is durable (SQLite's synchronous=FULL, PostgreSQL's synchronous_commit)."""
 
     def __init__(self, db: Database):
         self.db = db
@@ -252,7 +251,7 @@ class GroupCommit:
         """The writer's connection (made on first use, and again after it was closed)."""
         with self._conn_lock:
             if self._conn is None or self._conn_pid != os.getpid():
-                self._conn = self.db.connect()
+                self._conn = self.db.connect(prepared=True)
                 self._conn_pid = os.getpid()
                 self.connections += 1
             return self._conn
@@ -360,15 +359,9 @@ def write_customer(conn: sqlite3.Connection, site_id: int, customer: Customer, a
 
 def refresh_subscription(conn: sqlite3.Connection, site_id: int, subscription_id: str,
                          now_ms: int) -> None:
-    """The subscriptions row becomes a copy of the subscription's latest observation."""
-    latest = conn.execute(_LATEST_OBSERVATION, (site_id, subscription_id)).fetchone()
-    if latest is None:
-        conn.execute(
-            _DELETE_SUBSCRIPTION,
-            (site_id, subscription_id),
-        )
-    else:
-        conn.execute(_UPSERT_SUBSCRIPTION, (site_id, *latest, now_ms))
+    """The subscriptions row becomes a copy of the subscription's latest observation (the
+    subscription has one)."""
+    conn.execute(_REFRESH_SUBSCRIPTION, (site_id, subscription_id, now_ms))
 
 
 def _subscription_state(payment: Payment, subscription: Subscription) -> tuple:

@@ -58,6 +58,8 @@ log = logging.getLogger("tally")
 
 # Connections each process's pool may hold for request threads (Config.database_pool).
 POOL_SIZE = 8
+# Runs of a statement before a `prepared` connection prepares it (psycopg's threshold).
+PREPARE_THRESHOLD = 2
 
 # pg_advisory_xact_lock keys: one writer at a time, and one process applying the schema,
 # each with the schema's hash as second key, so Tallys in two schemas of one database
@@ -364,14 +366,17 @@ class PostgresConnection:
             cursor.execute(_LOCK, (WRITE_LOCK_KEY,))
         return PostgresCursor(cursor)
 
-    def begin_sites(self, sites: Collection[int]) -> None:
+    def begin_sites(self, sites: Collection[int]) -> psycopg.Cursor:
         """BEGIN a transaction that writes only these sites' rows (module doc): the three
-        statements go in one round trip (in the caller's pipeline, if it has one)."""
+        statements go in one round trip (in the caller's pipeline, if it has one). Returns
+        the cursor of the site locks, which has a result once they are held."""
         with nullcontext() if self.pipelined else self.raw.pipeline():
             cursor = self.raw.cursor()
             cursor.execute("BEGIN")
             cursor.execute(_SHARED_LOCK, (WRITE_LOCK_KEY,))
-            cursor.execute(_SITE_LOCKS, (SITE_LOCK_KEY, sorted(int(site) for site in sites)))
+            locks = self.raw.cursor()
+            locks.execute(_SITE_LOCKS, (SITE_LOCK_KEY, sorted(int(site) for site in sites)))
+        return locks
 
     @contextmanager
     def pipeline(self):
@@ -463,10 +468,13 @@ class PostgresDatabase:
 
     def __init__(self, url: str, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
                  pool_size: int = POOL_SIZE, read_url: str | None = None,
-                 replica_max_lag: float = MAX_LAG, parallel_query: bool = True):
+                 replica_max_lag: float = MAX_LAG, parallel_query: bool = True,
+                 prepared_statements: bool = True):
         """`parallel_query`: whether the server may run a statement on several backends
-        (a read process's is not: storage/read_processes.py)."""
+        (a read process's is not: storage/read_processes.py). `prepared_statements`:
+        whether connect(prepared=True) prepares (Config.database_prepared)."""
         self.url = url
+        self.prepared_statements = prepared_statements
         self.busy_timeout_ms = int(busy_timeout_ms)
         self.pool_size = int(pool_size)
         self.parallel_query = parallel_query
@@ -486,13 +494,19 @@ class PostgresDatabase:
     def location(self) -> str:
         return redact(self.url)
 
-    def connect(self, *, synchronous: str | None = None,
-                busy_timeout_ms: int | None = None) -> PostgresConnection:
+    def connect(self, *, synchronous: str | None = None, busy_timeout_ms: int | None = None,
+                prepared: bool = False) -> PostgresConnection:
+        """A connection of the caller's own. `prepared`: the statements it runs again and
+        again are prepared on the server (parsed and planned once), for a connection that
+        runs few statements many times (the payment writer's), unless prepared statements
+        are off for this database."""
         try:
             conn = _connect(self.url, self.busy_timeout_ms)
         except psycopg.Error as exc:
             raise storage_error(exc) from exc
         try:
+            if prepared and self.prepared_statements:
+                conn.raw.prepare_threshold = PREPARE_THRESHOLD
             self._ensure_schema(conn)
             if busy_timeout_ms is not None:
                 conn.set_lock_timeout(busy_timeout_ms)
@@ -736,7 +750,21 @@ class PostgresDatabase:
         closes each item. In pipeline mode an error makes the server skip every statement
         up to the next Sync, and psycopg raises it at whichever later call reads it; the
         Sync keeps an item's error inside that item, and the item's SAVEPOINT is rolled
-        back only once the Sync has been reached."""
+        back only once the Sync has been reached.
+
+        First the group goes all at once: the locks, every item's statements and the
+        COMMIT in one pipeline, read back once at its end (no SAVEPOINT, no Sync between
+        items: one round trip for the group when `write` reads nothing back). An item's
+        error there leaves nothing of the group stored, and then the group runs again as
+        above, item by item."""
+        try:
+            if _all_at_once(conn, items, write, sites):
+                return [None] * len(items)
+        except BaseException as exc:
+            _abandon(conn)
+            if isinstance(exc, psycopg.Error):
+                raise storage_error(exc) from exc
+            raise
         failures: list[BaseException | None] = []
         try:
             with conn.pipeline():
@@ -831,6 +859,27 @@ def is_conflict(exc: BaseException) -> bool:
     """Whether a transaction failed for a deadlock or serialization failure (directly or
     as the StorageBusy mapped from one): running it again can succeed."""
     return any(isinstance(failure, _CONFLICTS) for failure in (exc, exc.__cause__))
+
+
+def _all_at_once(conn: PostgresConnection, items: list, write: Callable[[object], None],
+                 sites: Collection[int]) -> bool:
+    """grouped_transaction's group in one pipelined transaction without SAVEPOINTs. True:
+    committed. False: an item failed and the transaction was rolled back. Raises what the
+    group as a whole fails with (the locks, the connection, a deadlock or serialization
+    failure)."""
+    locks = None
+    try:
+        with conn.pipeline():
+            locks = conn.begin_sites(sites)
+            for item in items:
+                write(item)
+            conn.commit()
+    except Exception as exc:
+        if conn.closed or isinstance(exc, _CONFLICTS) or locks is None or locks.pgresult is None:
+            raise
+        _abandon(conn)
+        return False
+    return True
 
 
 def _reach_sync(conn: PostgresConnection, pipeline: psycopg.Pipeline) -> None:

@@ -309,3 +309,79 @@ def test_a_group_a_deadlock_ended_runs_again_and_its_payment_is_stored(store, db
     assert group.groups == 2 and group.connections == 1
     stored = rows(db_path, "SELECT payment_id FROM payments ORDER BY 1")
     assert [row["payment_id"] for row in stored] == [GOOD[0]]
+
+
+def test_a_group_of_stored_payments_is_read_back_once(store, db_path, payments, monkeypatch):
+    """PostgreSQL sends a group's locks, every payment's statements and the COMMIT in one
+    pipeline and waits for the server's results once, at its end: a payment reads nothing
+    back, so none waits on a statement of its own."""
+    if not is_postgres(db_path):
+        pytest.skip("SQLite's grouped transaction sends no pipeline")
+    import psycopg
+
+    waits = []
+    sync, leave = psycopg.Pipeline.sync, psycopg.Pipeline.__exit__
+
+    def counted_sync(pipeline):
+        waits.append("sync")
+        return sync(pipeline)
+
+    def counted_exit(pipeline, *exc):
+        waits.append("end" if pipeline.level == 1 else "inner end")
+        return leave(pipeline, *exc)
+
+    monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
+    monkeypatch.setattr(psycopg.Pipeline, "__exit__", counted_exit)
+    group = payments.group
+    lock = WriteLock(db_path)  # the payments queue up and go into one group
+    try:
+        first, _ = upsert_in_threads(payments, [GOOD[0]])
+        assert wait_until(lambda: group._pid is not None and not group._waiting)
+        threads, failures = upsert_in_threads(payments, GOOD[1:4])
+        assert wait_until(lambda: len(group._waiting) == 3)
+    finally:
+        lock.release()
+    join(first + threads)
+    assert not failures
+    assert group.groups == 2
+    assert waits == ["end", "end"]
+    payments.upsert(1, payment(GOOD[0]))  # the same payment again: an update
+    assert waits == ["end"] * 3
+    stored = rows(db_path, "SELECT payment_id FROM payments ORDER BY 1")
+    assert [row["payment_id"] for row in stored] == GOOD[:4]
+    assert len(rows(db_path, "SELECT id FROM subscriptions")) == 4
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "not-prepared"])
+def test_the_writer_prepares_its_statements_unless_told_not_to(db_path, prepared):
+    """The payment writer's connection prepares the statements it runs again and again
+    (Config.database_prepared, TALLY_DATABASE_PREPARED); off, it prepares none (PgBouncer
+    in transaction mode before 1.21). Either way the payments are stored, and read back
+    after a restart."""
+    if not is_postgres(db_path):
+        pytest.skip("sqlite3 keeps every connection's statements prepared")
+    app = create_app(config_for(db_path, database_prepared=prepared))
+    account = app.directory.create_account("Prepared", "scale")
+    site_id = app.directory.find_site(
+        app.directory.create_site(account["id"], ["prepared.test"])["id"]).id
+    for payment_id in GOOD:
+        app.payments.upsert(site_id, payment(payment_id))
+    statements = [row[0] for row in app.payments.group._conn.raw.execute(
+        "SELECT statement FROM pg_prepared_statements")]
+    app.stop(timeout=5)
+    upserts = [text for text in statements if text.startswith("INSERT INTO payments")]
+    assert len(upserts) == (1 if prepared else 0)
+    app = create_app(config_for(db_path))  # a restart on the same data
+    with app.db.snapshot() as conn:
+        assert all(find_payment(conn, site_id, p) is not None for p in GOOD)
+    app.stop(timeout=5)
+
+
+def test_tally_database_prepared_is_on_or_off():
+    from config import Config, ConfigError
+
+    assert Config.from_env({}).database_prepared is True
+    assert Config.from_env({"TALLY_DATABASE_PREPARED": "OFF"}).database_prepared is False
+    assert Config.from_env({"TALLY_DATABASE_PREPARED": "on"}).database_prepared is True
+    with pytest.raises(ConfigError, match="TALLY_DATABASE_PREPARED must be one of on, off"):
+        Config.from_env({"TALLY_DATABASE_PREPARED": "yes"})
