@@ -176,8 +176,11 @@ def sessions_of_visitors(conn: sqlite3.Connection, site_id: int, visitor_ids: li
 # (final_session_ids): on SQLite the ones it would give, on PostgreSQL (where flushes of
 # different sites run at once) from the sessions' id sequence.
 PROVISIONAL_SESSION_ID = 1 << 62
-_NEW_SESSION_IDS = native("postgres", "SELECT nextval(pg_get_serial_sequence('sessions', 'id'))"
-                                      " FROM generate_series(1, ?) ORDER BY 1")
+# The sequence is looked up once: pg_get_serial_sequence per row cost more than nextval.
+_NEW_SESSION_IDS = native("postgres",
+                          "WITH sequence AS MATERIALIZED (SELECT pg_get_serial_sequence('sessions',"
+                          " 'id')::regclass AS id) SELECT nextval(sequence.id)"
+                          " FROM sequence CROSS JOIN generate_series(1, ?) ORDER BY 1")
 
 
 def next_session_id(conn: sqlite3.Connection) -> int:
@@ -233,6 +236,18 @@ def link_session_visitors(conn: sqlite3.Connection, links: Iterable[Sequence]) -
                      [list(column) for column in zip(*links, strict=True)])
 
 
+# PostgreSQL: a batch's identity links in one statement (parsed and planned once).
+_INSERT_IDENTITIES = native(
+    "postgres", "INSERT INTO visitor_identities (site_id, uid, visitor_id, linked_at)"
+                " SELECT * FROM unnest(?::bigint[], ?::text[], ?::bigint[], ?::bigint[])"
+                " ON CONFLICT DO NOTHING")
+
+
 def link_identities(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
     """(site id, uid, visitor id, linked at) each, from `$identify` events."""
-    conn.executemany(_INSERT_IDENTITY, rows)
+    if dialect(conn) != "postgres":
+        conn.executemany(_INSERT_IDENTITY, rows)
+        return
+    rows = list(rows)
+    if rows:
+        conn.execute(_INSERT_IDENTITIES, [list(column) for column in zip(*rows, strict=True)])
