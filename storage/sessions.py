@@ -226,9 +226,26 @@ def move_session_starts(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> N
     conn.executemany(_UPDATE_LANDING, rows)
 
 
+# PostgreSQL: every stored session a batch continues in one statement (an UPDATE each,
+# parsed and planned each time, cost the server ~50 us a session).
+_UPDATE_COUNTS_AT_ONCE = native(
+    "postgres", "UPDATE sessions SET last_seen_at = GREATEST(sessions.last_seen_at, u.last_seen_at),"
+                " pageviews = sessions.pageviews + u.pageviews,"
+                " custom_events = sessions.custom_events + u.custom_events"
+                " FROM unnest(?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[])"
+                " AS u (last_seen_at, pageviews, custom_events, id) WHERE sessions.id = u.id")
+
+
 def add_session_counts(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
-    """(last seen at, pageviews, custom events, id) each, added to a stored session."""
-    conn.executemany(_UPDATE_COUNTS, rows)
+    """(last seen at, pageviews, custom events, id) each, added to a stored session; each
+    session once."""
+    if dialect(conn) != "postgres":
+        conn.executemany(_UPDATE_COUNTS, rows)
+        return
+    rows = list(rows)
+    if rows:
+        conn.execute(_UPDATE_COUNTS_AT_ONCE,
+                     [_integer_array(column) for column in zip(*rows, strict=True)])
 
 
 # PostgreSQL: every link of a batch in one statement, so the statement-level first-touch
