@@ -33,7 +33,7 @@ from enrichment.browser_ids import BrowserVisitors
 from enrichment.enricher import Enricher, EventBatch, previous_visitor_ids
 from ingest.queue import Accepted
 from storage.connection import Connection
-from storage.events import EventRow, insert_events
+from storage.events import EventRow, insert_events, refuse_missing_sites
 from storage.recorded import RecordedReads
 from storage.usage import add_usage
 
@@ -62,6 +62,7 @@ def decide(conn: Connection, batch: EventBatch,
 def write_decided(conn: Connection, batch: EventBatch, decided: Decided) -> None:
     """The writes of the steps, in the caller's transaction; fills batch.usage_totals."""
     with collector_paused():
+        refuse_missing_sites(conn, {row.site_id for row in batch.rows})
         if decided.links:
             BrowserVisitors.write(conn, decided.links)
         session_ids = write_sessions(conn, decided.sessions)

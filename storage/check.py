@@ -60,6 +60,19 @@ POSTGRES_FOREIGN_KEY_CHECKS = native("postgres",
  ORDER BY k.oid
 """)
 
+# schema.sql's references that PostgreSQL's schema leaves to the flush (schema_postgres.sql,
+# "Checked by the flush"): (child table, column, parent table, column). Counted as its
+# foreign keys are.
+FLUSH_CHECKED_REFERENCES = (
+    ("events", "site_id", "sites", "id"),
+    ("sessions", "site_id", "sites", "id"),
+    ("session_visitors", "site_id", "sites", "id"),
+    ("session_visitors", "session_id", "sessions", "id"),
+)
+_ORPHANS = ("SELECT count(*) FROM {0} AS child WHERE child.{1} IS NOT NULL"
+            " AND NOT EXISTS (SELECT 1 FROM {2} AS parent WHERE parent.{3} = child.{1})")
+_FLUSH_CHECKED_ORPHANS = {reference: native("postgres", _ORPHANS.format(*reference))
+                          for reference in FLUSH_CHECKED_REFERENCES}  # fixed names, above
 
 _INTEGRITY_CHECK = native("sqlite", "PRAGMA integrity_check")
 _FOREIGN_KEY_CHECK = native("sqlite", "PRAGMA foreign_key_check")
@@ -109,6 +122,8 @@ def run_checks(conn: sqlite3.Connection, usage_mismatches: UsageCheck) -> CheckR
                             for (name,) in conn.execute(POSTGRES_INVALID_INDEXES)]
         report.foreign_keys = sum(conn.execute(postgres_spelling(query)).fetchone()[0]
                                   for (query,) in conn.execute(POSTGRES_FOREIGN_KEY_CHECKS))
+        report.foreign_keys += sum(conn.execute(query).fetchone()[0]
+                                   for query in _FLUSH_CHECKED_ORPHANS.values())
     if report.integrity:
         return report
     report.dead_letters = deadletters.count(conn) or 0

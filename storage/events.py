@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from typing import NamedTuple
@@ -66,6 +66,26 @@ new_event_row = partial(tuple.__new__, EventRow)
 
 EVENT_COLUMNS = (*EventRow._fields, "session_id")
 _EVENTS = SparseInsert("events", EVENT_COLUMNS)  # columns with no DEFAULT: omitted = NULL
+
+
+class SiteNotStored(Exception):
+    """Rows of a site that is no longer stored (removed while its events were queued)."""
+
+
+_STORED_SITES = native("postgres", "SELECT id FROM sites WHERE id = ANY(?::bigint[])")
+
+
+def refuse_missing_sites(conn: sqlite3.Connection, site_ids: Collection[int]) -> None:
+    """Raise SiteNotStored unless every site is stored. The flush calls it in its
+    transaction, holding these sites' locks: on PostgreSQL events, sessions and their
+    visitor links carry no foreign key to sites (schema_postgres.sql, "Checked by the
+    flush"), so this one query stands for a check per row. SQLite's foreign keys check."""
+    if dialect(conn) != "postgres" or not site_ids:
+        return
+    wanted = set(site_ids)
+    missing = wanted.difference(row[0] for row in conn.execute(_STORED_SITES, (list(wanted),)))
+    if missing:
+        raise SiteNotStored(f"site {min(missing)} is not stored (removed)")
 
 
 def insert_events(conn: sqlite3.Connection, rows: Sequence[EventRow],

@@ -159,6 +159,18 @@ POSTGRES_STEPS: dict[int, tuple[str, ...]] = {
          " PERFORM setval('events_id', max(id)) FROM events HAVING max(id) IS NOT NULL;"
          " DROP TABLE events_before_22;"
          " END IF; END $$",),
+    # Version 23 (PostgreSQL only): the foreign keys the flush checks itself, once per
+    # transaction (schema_postgres.sql, "Checked by the flush"), are dropped; a partition's
+    # copy of events' goes with it.
+    23: ("DO $$ DECLARE k record; BEGIN"
+         " FOR k IN SELECT conrelid::regclass AS child, conname FROM pg_constraint"
+         " WHERE contype = 'f' AND conparentid = 0"
+         " AND (conrelid, confrelid) IN (('events'::regclass, 'sites'::regclass),"
+         " ('sessions'::regclass, 'sites'::regclass),"
+         " ('session_visitors'::regclass, 'sites'::regclass),"
+         " ('session_visitors'::regclass, 'sessions'::regclass)) LOOP"
+         " EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', k.child, k.conname);"
+         " END LOOP; END $$",),
 }
 
 # Run before schema_postgres.sql, for databases older than the version: what must be out
@@ -176,7 +188,8 @@ POSTGRES_STEPS_BEFORE: dict[int, tuple[str, ...]] = {
 
 def postgres_version() -> int:
     """The schema version of a PostgreSQL database: schema.sql's, or later when a change
-    was PostgreSQL's only (22: partitioned events); the next change to both goes past it."""
+    was PostgreSQL's only (22: partitioned events, 23: the flush's own reference checks);
+    the next change to both goes past it."""
     from storage.db import schema
 
     return max(schema()[0], *POSTGRES_STEPS)

@@ -187,6 +187,29 @@ def test_a_row_stored_without_its_parent_fails_the_check(db_path):
     assert report["integrity"] == "ok" and report["foreign_key_violations"] == 1
 
 
+def test_sessions_and_links_of_no_site_or_session_fail_the_check(db_path):
+    """On PostgreSQL these references are the flush's to keep (no foreign key: storage/check.py
+    FLUSH_CHECKED_REFERENCES); the check counts their orphans as SQLite's foreign keys do."""
+    run_cli("init", db=db_path)
+    if is_postgres(db_path):
+        from storage.postgres import PostgresDatabase
+
+        conn = PostgresDatabase(db_path).connect()
+    else:
+        conn = sqlite3.connect(db_path, isolation_level=None)  # foreign keys off by default
+    try:
+        conn.execute("INSERT INTO sessions (id, site_id, visitor_id, started_at, last_seen_at,"
+                     " channel) VALUES (5, 999, 1, 0, 0, 'Direct')")
+        conn.execute("INSERT INTO session_visitors (site_id, visitor_id, session_id)"
+                     " VALUES (999, 1, 5), (999, 1, 6)")
+    finally:
+        conn.close()
+    code, report = check(db_path)
+    assert code == 1 and report["ok"] is False
+    # sessions -> sites, two links -> sites, one link -> sessions
+    assert report["integrity"] == "ok" and report["foreign_key_violations"] == 4
+
+
 def test_an_unreadable_database_is_one_line_and_non_zero(tmp_path):
     path = tmp_path / "tally.db"
     path.write_bytes(b"not a database " * 512)

@@ -9,6 +9,7 @@ import pytest
 import metrics
 from quota.usage import QuotaGuard
 from storage.db import Database
+from storage.maintenance import delete_site
 from tests.conftest import (
     WAIT,
     FakeClock,
@@ -109,6 +110,40 @@ def test_one_poison_event_is_set_aside_and_every_other_event_is_stored(store, db
     listed = cli_json("deadletter", "list", db=db_path)
     assert listed["total"] == 1
     assert listed["dead_letters"][0]["event"]["url"] == "https://example.com/2"
+
+
+def test_events_of_a_site_removed_while_they_wait_are_set_aside(store, db_path):
+    """A site removed with events of it still queued: those are set aside and every other
+    site's are stored. On PostgreSQL events, sessions and their links carry no foreign key
+    to sites (the flush checks its sites once, under their locks), so this is the flush's
+    own check at work there; SQLite's foreign keys refuse the rows."""
+    with store.transaction() as conn:
+        conn.execute("INSERT INTO sites (id, public_id, account_id, created_at)"
+                     " VALUES (2, 'site_b', 1, 0)")
+    flusher = make_flusher(store)
+    assert flusher.submit(unit(3)) and flusher.flush_now(timeout=WAIT)
+    delete_site(store, 1)
+    assert flusher.submit(unit(2, site_id=1)) and flusher.submit(unit(4, site_id=2))
+    assert flusher.flush_now(timeout=WAIT)
+    flusher.stop(timeout=5)
+    assert rows(db_path, "SELECT site_id, count(*) AS n FROM events GROUP BY site_id") == [
+        {"site_id": 2, "n": 4}]
+    assert count(db_path, "SELECT count(*) FROM sessions WHERE site_id = 1") == 0
+    assert count(db_path, "SELECT count(*) FROM session_visitors WHERE site_id = 1") == 0
+    letters = rows(db_path, "SELECT site_id, reason FROM dead_letters")
+    assert [letter["site_id"] for letter in letters] == [1, 1]
+    if is_postgres(db_path):
+        assert all("SiteNotStored: site 1 is not stored" in letter["reason"]
+                   for letter in letters)
+    assert flusher.set_aside_events == 2
+    report = cli_json("check", db=db_path)
+    assert report["foreign_key_violations"] == 0 and report["dead_letters"] == 2
+
+    # Restarted on the data: the next flush stores the remaining site's events.
+    again = make_flusher(store)
+    assert again.submit(unit(5, site_id=2)) and again.flush_now(timeout=WAIT)
+    again.stop(timeout=5)
+    assert count(db_path, "SELECT count(*) FROM events WHERE site_id = 2") == 9
 
 
 def test_a_bug_in_enrichment_for_one_event_sets_only_that_event_aside(store, db_path,

@@ -255,3 +255,60 @@ def test_a_version_21_database_moves_into_monthly_partitions_with_its_figures(po
     assert ids[:4] == [row["id"] for row in stored] and ids[4] > ids[3]
     assert partitions(db)["events_2026_09"] == 4 and "events_2026_12" in partitions(db)
     assert cli_json("check", db=db)["ok"]
+
+
+# Upgrading a version-22 database --------------------------------------------------------
+
+# Version 22's foreign keys that version 23 leaves to the flush (schema_postgres.sql,
+# "Checked by the flush").
+_TO_VERSION_22 = (
+    "ALTER TABLE events ADD FOREIGN KEY (site_id) REFERENCES sites (id)",
+    "ALTER TABLE sessions ADD FOREIGN KEY (site_id) REFERENCES sites (id)",
+    "ALTER TABLE session_visitors ADD FOREIGN KEY (site_id) REFERENCES sites (id)",
+    "ALTER TABLE session_visitors ADD FOREIGN KEY (session_id) REFERENCES sessions (id)",
+    "UPDATE tally_schema_version SET version = 22",
+)
+_FLUSH_REFERENCES = (
+    "SELECT conrelid::regclass::text AS child, confrelid::regclass::text AS parent"
+    " FROM pg_constraint WHERE contype = 'f' AND conrelid::regclass::text IN"
+    " ('events', 'sessions', 'session_visitors') OR conrelid IN"
+    " (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'events'::regclass) AND contype = 'f'"
+    " ORDER BY 1, 2")
+
+
+def test_a_version_22_database_loses_the_foreign_keys_the_flush_checks(postgres_schema):
+    db = postgres_schema
+    clock = FakeClock(at("2026-09-02T08:00:00"))
+    tally = create_app(config_for(db), clock=clock)
+    try:
+        tally.start()
+        site = Site(tally)
+        site.send(pageview(site.public_id, "https://example.com/", "https://www.google.com/", ip=GB),
+                  pageview(site.public_id, "https://example.com/pricing", ip=NL, ua=UA_PHONE))
+    finally:
+        tally.stop(timeout=WAIT)
+    before = figures(db, site.public_id, "2026-09-01", "2026-09-02")
+    with psycopg.connect(db, autocommit=True) as conn:
+        for statement in _TO_VERSION_22:
+            conn.execute(statement)
+        # events' partitions hold copies of its key
+        assert len(conn.execute(_FLUSH_REFERENCES).fetchall()) > 4
+
+    # The next process to open it (here: the reports' CLI) drops them, keeping every row.
+    assert figures(db, site.public_id, "2026-09-01", "2026-09-02") == before
+    assert rows(db, "SELECT version FROM tally_schema_version") == [{"version": postgres_version()}]
+    assert rows(db, _FLUSH_REFERENCES) == []
+    assert cli_json("check", db=db)["ok"]
+
+    # Restarted on it: the flush stores into the same tables, and the sessions continue.
+    clock.set(at("2026-09-02T08:10:00"))
+    again = create_app(config_for(db), clock=clock)
+    try:
+        again.start()
+        site.tally, site.client = again, webtest.TestApp(again)
+        site.send(pageview(site.public_id, "https://example.com/blog", ip=GB))
+    finally:
+        again.stop(timeout=WAIT)
+    assert rows(db, "SELECT count(*) AS n, count(DISTINCT session_id) AS sessions FROM events") == [
+        {"n": 3, "sessions": 2}]
+    assert cli_json("check", db=db)["ok"]
