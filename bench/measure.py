@@ -391,11 +391,11 @@ def _postmaster_pid(server_url: str) -> int:
 
     with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as conn:
         backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-    try:
-        stat = Path(f"/proc/{backend}/stat").read_text()
-    except OSError:
-        raise CpuWeightUnavailable("the PostgreSQL server is not a process of this machine") \
-            from None
+        try:  # while the backend lives: it ends with the connection
+            stat = Path(f"/proc/{backend}/stat").read_text()
+        except OSError:
+            raise CpuWeightUnavailable(
+                "the PostgreSQL server is not a process of this machine") from None
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
