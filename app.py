@@ -219,8 +219,11 @@ class Tally:
         it stored and the next turn goes on; a busy machine ends this turn."""
         now, ran = self.clock(), 0
         wait = self.config.read_budget or READ_BUDGET  # a duty never waits without end
-        for site in self.directory.list_sites():
-            record = self.directory.find_site(site["id"])
+        try:
+            sites = [self.directory.find_site(site["id"]) for site in self.directory.list_sites()]
+        finally:
+            self.db.release()  # on PostgreSQL, a pooled connection: not held between reads
+        for record in sites:
             for by in BREAKDOWNS:
                 if record is None or self.tasks.stopping():
                     break
