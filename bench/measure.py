@@ -439,10 +439,23 @@ def postgres_cpu_weight(server_url: str, weight: int, wait: float = 600.0):
             yield group
 
 
+def _cpu_group_of(pid: int, weight_file: str) -> str:
+    """The process's group in the CPU hierarchy ("/" for the root)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (weight_file == "cpu.weight" and controllers == "") or "cpu" in controllers.split(","):
+            return path
+    return "/"
+
+
 @contextlib.contextmanager
 def _cpu_group(root: Path, weight_file: str, weight: int, postmaster: int):
+    home = root / _cpu_group_of(postmaster, weight_file).lstrip("/")
     group = root / f"tally-bench-postgres-{os.getpid()}"
-    group.mkdir()
+    try:
+        group.mkdir()
+    except OSError as exc:
+        raise CpuWeightUnavailable(f"cannot make a CPU group: {exc}") from None
     try:
         (group / weight_file).write_text(
             str(weight if weight_file == "cpu.weight" else weight * 1024 // 100))
@@ -459,7 +472,7 @@ def _cpu_group(root: Path, weight_file: str, weight: int, postmaster: int):
                 break
             for pid in left:
                 try:
-                    (root / "cgroup.procs").write_text(pid)
+                    (home / "cgroup.procs").write_text(pid)
                 except ProcessLookupError:
                     continue
         group.rmdir()
