@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import orjson
 
@@ -239,13 +239,7 @@ _UPDATE_COUNTS_AT_ONCE = native(
 def add_session_counts(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
     """(last seen at, pageviews, custom events, id) each, added to a stored session; each
     session once."""
-    if dialect(conn) != "postgres":
-        conn.executemany(_UPDATE_COUNTS, rows)
-        return
-    rows = list(rows)
-    if rows:
-        conn.execute(_UPDATE_COUNTS_AT_ONCE,
-                     [_integer_array(column) for column in zip(*rows, strict=True)])
+    _write_rows(conn, _UPDATE_COUNTS, _UPDATE_COUNTS_AT_ONCE, rows)
 
 
 # PostgreSQL: every link of a batch in one statement, so the statement-level first-touch
@@ -258,13 +252,21 @@ _INSERT_SESSION_VISITORS = native(
 
 def link_session_visitors(conn: sqlite3.Connection, links: Iterable[Sequence]) -> None:
     """(site id, visitor id, session id) each; the first-touch triggers follow them."""
+    _write_rows(conn, _INSERT_SESSION_VISITOR, _INSERT_SESSION_VISITORS, links)
+
+
+def _write_rows(conn: sqlite3.Connection, each, at_once, rows: Iterable[Sequence],
+                column: Callable[[Iterable], object] | None = None) -> None:
+    """`each` for every row on SQLite; on PostgreSQL `at_once`, one statement whose
+    parameters are the rows' columns as arrays (`column` makes one; by default the text
+    of an integer array)."""
     if dialect(conn) != "postgres":
-        conn.executemany(_INSERT_SESSION_VISITOR, links)
+        conn.executemany(each, rows)
         return
-    links = list(links)
-    if links:
-        conn.execute(_INSERT_SESSION_VISITORS,
-                     [_integer_array(column) for column in zip(*links, strict=True)])
+    rows = list(rows)
+    if rows:
+        conn.execute(at_once, [(column or _integer_array)(values)
+                               for values in zip(*rows, strict=True)])
 
 
 def _integer_array(values: Iterable[int]) -> str:
@@ -282,9 +284,4 @@ _INSERT_IDENTITIES = native(
 
 def link_identities(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
     """(site id, uid, visitor id, linked at) each, from `$identify` events."""
-    if dialect(conn) != "postgres":
-        conn.executemany(_INSERT_IDENTITY, rows)
-        return
-    rows = list(rows)
-    if rows:
-        conn.execute(_INSERT_IDENTITIES, [list(column) for column in zip(*rows, strict=True)])
+    _write_rows(conn, _INSERT_IDENTITY, _INSERT_IDENTITIES, rows, column=list)
