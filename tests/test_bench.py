@@ -261,15 +261,21 @@ def test_make_bench_hands_the_reads_bench_every_option_its_own_command_line_has(
 def test_the_reads_bench_puts_the_postgresql_server_in_a_cpu_group_and_back():
     import psycopg
 
-    from bench.measure import CpuWeightUnavailable, _postmaster_pid, postgres_cpu_weight
+    from bench.measure import (
+        CpuWeightUnavailable,
+        _cpu_cgroup_root,
+        _cpu_group_of,
+        _postmaster_pid,
+        postgres_cpu_weight,
+    )
     from tests.realparts import POSTGRES_URL
 
-    def cpu_group(pid: int) -> str:
-        with open(f"/proc/{pid}/cgroup") as groups:
-            return next(line.split(":", 2)[2].strip() for line in groups
-                        if line.split(":")[1] in ("cpu", "cpu,cpuacct", ""))
-
     try:
+        weight_file = _cpu_cgroup_root()[1]
+
+        def cpu_group(pid: int) -> str:
+            return _cpu_group_of(pid, weight_file)
+
         postmaster = _postmaster_pid(POSTGRES_URL)
         where = cpu_group(postmaster)
         # Weight 100 is everyone's: the suite's other tests on the server are not slowed.
