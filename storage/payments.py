@@ -296,9 +296,11 @@ class GroupCommit:
             try:
                 conn = self.connection()
                 self._commit(conn, group)
+                self._replace_if_out_of_step(conn)
                 return
             except BaseException as exc:  # the transaction as a whole: every payment's answer
                 lost = conn is not None and getattr(conn, "closed", False)
+                self._replace_if_out_of_step(conn)
                 if lost or (conn is not None and not isinstance(
                         exc, sqlite3.OperationalError | StorageError)):
                     self._close_connection(conn)
@@ -312,6 +314,12 @@ class GroupCommit:
                 for waiting in group:
                     waiting.error = error
                 return
+
+    def _replace_if_out_of_step(self, conn) -> None:
+        """A PostgreSQL connection whose pipeline failed part way stopped preparing
+        (PostgresConnection.stop_preparing): the next group gets a new one."""
+        if getattr(conn, "out_of_step", False):
+            self._close_connection(conn)
 
     def _commit(self, conn, group: list[_Waiting]) -> None:
         def write(waiting: _Waiting) -> None:

@@ -273,6 +273,19 @@ class PostgresConnection:
         self.budget: Budget | None = None  # a read budget's deadline (PostgresDatabase.read_budget)
         self._statement_timeout_ms = 0  # what this connection's statement_timeout was set to
         self.pipelined: psycopg.Pipeline | None = None  # inside pipeline(): its pipeline
+        self.out_of_step = False  # stop_preparing() was called: its owner replaces it
+
+    def stop_preparing(self) -> None:
+        """After a pipeline that failed part way. The server skips every statement after an
+        error up to the next Sync, including the PREPARE of a statement run for the
+        threshold's time, but psycopg (3.3.9) still names that statement as prepared, so
+        the next run of it fails ("prepared statement ... does not exist"): a payment
+        answered 500 once the database takes writes again. From here this connection
+        prepares nothing and uses nothing it prepared; its owner replaces it
+        (`out_of_step`) to prepare again on a new one."""
+        if self.raw.prepare_threshold is not None:
+            self.raw.prepare_threshold = None
+            self.out_of_step = True
 
     @property
     def in_transaction(self) -> bool:
@@ -786,10 +799,12 @@ class PostgresDatabase:
             if _all_at_once(conn, items, write, sites):
                 return [None] * len(items)
         except BaseException as exc:
+            conn.stop_preparing()
             _abandon(conn)
             if isinstance(exc, psycopg.Error):
                 raise storage_error(exc) from exc
             raise
+        conn.stop_preparing()
         failures: list[BaseException | None] = []
         try:
             with conn.pipeline():

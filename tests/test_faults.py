@@ -202,7 +202,8 @@ def test_a_full_disk_on_postgresql_refuses_loses_nothing_and_recovers(postgres_s
         free_postgres_disk(db, ("events", "payments"))  # space returns
         assert wait_until(lambda: stored_event_numbers(db) >= acked), server.log()[-3000:]
         for payment_id in answers:
-            assert send_payment(server, world, payment_id)[0] == 200
+            status, _, body = send_payment(server, world, payment_id)
+            assert status == 200, (body, server.log()[-5000:])
         assert send_event(server, world, 999)[0] == 204
     finally:
         server.stop()

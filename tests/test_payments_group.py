@@ -19,6 +19,8 @@ from tests.conftest import (
     WriteLock,
     config_for,
     execute,
+    fill_postgres_disk,
+    free_postgres_disk,
     is_postgres,
     rows,
     wait_until,
@@ -194,7 +196,9 @@ def test_after_a_failed_or_refused_payment_the_next_one_on_its_thread_is_stored(
     finally:
         lock.release()
     payments.upsert(1, payment(GOOD[3]))
-    assert payments.group.connections == 1
+    # On PostgreSQL the connection of each of the three failed groups is replaced
+    # (PostgresConnection.stop_preparing); SQLite keeps its one.
+    assert payments.group.connections == (4 if is_postgres(db_path) else 1)
     reopened = open_database(config_for(db_path))
     with reopened.snapshot() as conn:
         stored = {payment_id for payment_id in [*GOOD[:4], BAD, BAD_LATE]
@@ -306,7 +310,9 @@ def test_a_group_a_deadlock_ended_runs_again_and_its_payment_is_stored(store, db
         other.close()
     join(threads)
     assert not failures
-    assert group.groups == 2 and group.connections == 1
+    # The group ran again on a new connection: one whose pipeline failed part way
+    # prepares nothing more (PostgresConnection.stop_preparing) and is replaced.
+    assert group.groups == 2 and group.connections == 2
     stored = rows(db_path, "SELECT payment_id FROM payments ORDER BY 1")
     assert [row["payment_id"] for row in stored] == [GOOD[0]]
 
@@ -385,3 +391,59 @@ def test_tally_database_prepared_is_on_or_off():
     assert Config.from_env({"TALLY_DATABASE_PREPARED": "on"}).database_prepared is True
     with pytest.raises(ConfigError, match="TALLY_DATABASE_PREPARED must be one of on, off"):
         Config.from_env({"TALLY_DATABASE_PREPARED": "yes"})
+
+
+@pytest.mark.parametrize("refusals", [1, 2, 3, 4, 5])
+def test_a_prepared_writer_stores_payments_after_any_run_of_full_disk_refusals(db_path,
+                                                                              refusals):
+    """A full disk refuses payments in groups that fail part way through their pipeline,
+    run after run; once space returns, every payment is stored (psycopg's record of the
+    statements it prepared went out of step with the server's after the third refusal:
+    `prepared statement "_pg3_10" does not exist`, a 500 for a payment the database could
+    take). The writer's connection is replaced after such a group."""
+    if not is_postgres(db_path):
+        pytest.skip("sqlite3 prepares nothing by name on the server")
+    app = create_app(config_for(db_path))  # prepared statements on: the default
+    account = app.directory.create_account("Full", "scale")
+    site_id = app.directory.find_site(
+        app.directory.create_site(account["id"], ["full.test"])["id"]).id
+    refused = [f"pay_full_{n}" for n in range(refusals)]
+    try:
+        app.payments.upsert(site_id, payment(GOOD[0]))
+        fill_postgres_disk(db_path, ("events", "payments"))
+        for payment_id in refused:
+            with pytest.raises(StorageError, match="No space left on device"):
+                app.payments.upsert(site_id, payment(payment_id))
+        free_postgres_disk(db_path, ("events", "payments"))
+        for payment_id in refused:
+            app.payments.upsert(site_id, payment(payment_id))
+        assert app.payments.group.connections > 1  # replaced after the refusals
+        for payment_id in GOOD[1:]:  # and the new connection prepares again
+            app.payments.upsert(site_id, payment(payment_id))
+        statements = [row[0] for row in app.payments.group._conn.raw.execute(
+            "SELECT statement FROM pg_prepared_statements")]
+        assert any(text.startswith("INSERT INTO payments") for text in statements)
+    finally:
+        app.stop(timeout=5)
+    app = create_app(config_for(db_path))  # a restart on the same data
+    with app.db.snapshot() as conn:
+        assert all(find_payment(conn, site_id, p) is not None for p in [*GOOD, *refused])
+    app.stop(timeout=5)
+
+
+def test_a_payment_refused_again_and_again_never_fails_the_next_one(store, db_path, payments):
+    """The database refuses one payment each time it comes (a group of its own, failing
+    part way); the payment after each refusal is stored, however many refusals came
+    before, and all are there after a restart."""
+    refuse_one_payment(db_path)
+    stored = [f"pay_next_{n}" for n in range(6)]
+    for payment_id in stored:
+        with pytest.raises(StorageError, match="refused by the test"):
+            payments.upsert(1, payment(BAD))
+        payments.upsert(1, payment(payment_id))
+    payments.stop(timeout=WAIT)
+    app = create_app(config_for(db_path))
+    with app.db.snapshot() as conn:
+        assert all(find_payment(conn, 1, p) is not None for p in stored)
+        assert find_payment(conn, 1, BAD) is None
+    app.stop(timeout=5)
