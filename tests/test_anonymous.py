@@ -49,11 +49,14 @@ SAFARI = ("Mozilla/5.0 (Macintosh; Intel Mac OS X 14_5) AppleWebKit/605.1.15 (KH
 
 
 class Service:
-    """One app on the test's database, as a worker holds it, with a client."""
+    """One app on the test's database, as a worker holds it, with a client. It stores its
+    events when the test says (flush()), not on the interval: a worker keeps the count it
+    read while its own flush commits, so an interval flush could move a quota answer."""
 
     def __init__(self, db_path: str, clock: FakeClock, **settings):
         self.db_path = db_path
         self.clock = clock
+        settings.setdefault("flush_interval", 3600.0)
         self.app = create_app(config_for(db_path, **settings), clock=clock)
         self.client = webtest.TestApp(self.app)
 
