@@ -18,6 +18,9 @@ rest of the suite writes finds, on its start, that a checkpoint has recycled the
 it needs ("requested WAL segment ... has already been removed") and never catches up.
 The slot is dropped on leaving; a slot left by a test process that died is dropped by
 the next replica made, since a forgotten slot holds WAL on the test server for good.
+A test process killed before its cleanup ran (a `timeout`, a SIGKILL) also leaves its
+replica running; its folder is named after the process, so the next replica made stops
+and removes those whose process is gone, and then their slots can be dropped.
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ def allow_replication(admin: psycopg.Connection) -> None:
 
 
 SLOT_PREFIX = "tally_replica_"
+FOLDER_PREFIX = "tally-replica-"
 
 
 def _slot_name() -> str:
@@ -146,6 +150,26 @@ def drop_forgotten_slots(admin: psycopg.Connection) -> list[str]:
             admin.execute("SELECT pg_drop_replication_slot(%s)", (name,))
             dropped.append(name)
     return dropped
+
+
+def stop_forgotten_replicas(bindir: str | None = None, where: str | None = None) -> list[str]:
+    """Stop (if running) and remove the replicas in `where` (the temporary folder) whose
+    test process is gone; return their folders."""
+    stopped = []
+    bindir = bindir or _bindir()
+    where = where or tempfile.gettempdir()
+    for name in sorted(os.listdir(where)):
+        pid = name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if not name.startswith(FOLDER_PREFIX) or not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        folder = os.path.join(where, name)
+        data = os.path.join(folder, "data")
+        if os.path.exists(os.path.join(data, "postmaster.pid")):
+            _as_postgres([os.path.join(bindir, "pg_ctl"), "-D", data, "-w", "-t", "60",
+                          "-m", "immediate", "stop"], timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
+        stopped.append(folder)
+    return stopped
 
 
 def _drop_slot(primary_url: str, slot: str) -> None:
@@ -214,6 +238,8 @@ def _wait(what: str, ready, seconds: float = WAIT) -> None:
 @contextmanager
 def streaming_replica(primary_url: str):
     """A started hot standby of the test server (see the module doc)."""
+    bindir = _bindir()
+    stop_forgotten_replicas(bindir)
     admin = _admin(primary_url)
     try:
         allow_replication(admin)
@@ -222,9 +248,8 @@ def streaming_replica(primary_url: str):
                     for name in STANDBY_MINIMUMS}
     finally:
         admin.close()
-    bindir = _bindir()
     parts = urlsplit(primary_url)
-    folder = tempfile.mkdtemp(prefix="tally-replica-")
+    folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
     postgres = pwd.getpwnam("postgres")
     os.chown(folder, postgres.pw_uid, postgres.pw_gid)
     replica = StreamingReplica(folder, _free_port(), bindir)

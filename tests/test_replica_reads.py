@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 
 import orjson
 import psycopg
@@ -28,12 +29,13 @@ from dashboard.passwords import hash_password
 from storage.shares import SharedLinks
 from storage.users import Users
 from tests import dashboard_seed as seed
-from tests.conftest import WAIT, FakeClock, bearer, rows, wait_until
+from tests.conftest import REPO, WAIT, FakeClock, bearer, rows, wait_until
 from tests.realparts import POSTGRES_URL
 from tests.replica import (
     SLOT_PREFIX,
     ReplicaUnavailable,
     drop_forgotten_slots,
+    stop_forgotten_replicas,
     streaming_replica,
     wait_replayed,
 )
@@ -226,6 +228,54 @@ def test_a_slot_left_by_a_test_process_that_died_is_dropped_and_a_live_ones_kept
         finally:
             admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
                           " WHERE slot_name = ANY(%s)", (list(names),))
+
+
+FORGOTTEN_REPLICA = """
+import sys, time
+from tests.replica import streaming_replica
+with streaming_replica(sys.argv[1]) as replica:
+    print(replica.folder, replica.port, flush=True)
+    time.sleep(3600)
+"""
+
+
+@pytest.mark.slow
+def test_a_replica_left_by_a_killed_test_process_is_stopped_and_its_slot_dropped(replica):
+    """A test process killed before its cleanup ran (SIGKILL, a `timeout`) leaves its
+    replica running and its slot active; the next replica made stops and removes it, and
+    then drops its slot."""
+    child = subprocess.Popen([sys.executable, "-c", FORGOTTEN_REPLICA, POSTGRES_URL],
+                             cwd=REPO, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        folder, port = child.stdout.readline().split()
+    finally:
+        child.kill()
+        child.wait(WAIT)
+    slot_of_child = f"{SLOT_PREFIX}{child.pid}_%"
+
+    def running() -> bool:
+        try:
+            psycopg.connect(host="127.0.0.1", port=int(port), user="postgres",
+                            dbname="postgres", connect_timeout=5).close()
+        except psycopg.OperationalError:
+            return False
+        return True
+
+    def slots() -> list[tuple[str, bool]]:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+            return admin.execute("SELECT slot_name, active FROM pg_replication_slots"
+                                 " WHERE slot_name LIKE %s", (slot_of_child,)).fetchall()
+
+    assert running() and os.path.isdir(folder)  # left behind by the killed process
+    assert [active for _, active in slots()] == [True]
+    stop_forgotten_replicas()  # as the next replica made does first
+    # (another test process making a replica meanwhile may have done it already)
+    assert not os.path.exists(folder) and not running()
+    assert wait_until(lambda: slots() and not slots()[0][1])  # the WAL sender lets go
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+        drop_forgotten_slots(admin)
+    assert slots() == []
 
 
 def _ended_pid() -> int:
