@@ -255,10 +255,16 @@ def streaming_replica(primary_url: str):
     replica = StreamingReplica(folder, _free_port(), bindir)
     slot = _slot_name()
     try:
+        # The slot is made, reserving WAL, before the copy starts: made by pg_basebackup -C
+        # it reserves only from when its WAL streamer starts, after the copy's checkpoint,
+        # and a server writing much WAL (the rest of the suite) had recycled the segment in
+        # between ("requested WAL segment ... has already been removed").
+        with _admin(primary_url) as admin:
+            admin.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))
         copied = _as_postgres([
             os.path.join(bindir, "pg_basebackup"), "-h", parts.hostname or "127.0.0.1",
             "-p", str(parts.port or 5432), "-U", "postgres", "-D", replica.data,
-            "-X", "stream", "-R", "-C", "-S", slot, "-c", "fast", "--no-sync"], timeout=600)
+            "-X", "stream", "-R", "-S", slot, "-c", "fast", "--no-sync"], timeout=600)
         if copied.returncode != 0:
             raise ReplicaUnavailable(f"pg_basebackup failed: {copied.stderr.strip()}")
         settings = {
