@@ -357,7 +357,9 @@ def max_event_id(target: str) -> int:
 def events_bytes(target: str) -> int | None:
     """The bytes the events table takes with its indexes (None where it cannot be read)."""
     if is_postgres(target):
-        return _scalar(target, "SELECT pg_total_relation_size('events')")
+        # events is partitioned by month: the parent itself holds nothing.
+        return _scalar(target, "SELECT sum(pg_total_relation_size(relid))::bigint"
+                               " FROM pg_partition_tree('events')")
     try:  # SQLite's dbstat table, when compiled in
         return _scalar(target, "SELECT sum(pgsize) FROM dbstat"
                                " WHERE name IN ('events', 'events_site_ts')")
