@@ -24,7 +24,7 @@ from reports.service import run_report
 from reports.shared.params import DateRange
 from storage.events import EventRow
 from storage.sessions import insert_sessions
-from tests.conftest import FakeClock, config_for, rows
+from tests.conftest import FakeClock, config_for, execute, rows
 from tests.segments_reference import Segment as ReferenceSegment
 from tests.segments_reference import by_the_rules
 
@@ -254,9 +254,10 @@ def test_revenue_before_the_site_was_created_still_counts(client, site, tally, c
 # Shared links -------------------------------------------------------------------------------
 
 def test_shared_link_viewers_never_store_a_segment(db_path, tmp_path):
-    """Over 200 shared-link views with distinct filters leave the site's segments as they
-    were; the owner's views store theirs; and after a restart on the same database both
-    read the same figures."""
+    """Shared-link views with distinct filters leave the site's segments as they were,
+    while the site has room for more and once it holds MAX_STORED_SEGMENTS (the views are
+    still answered, counted live); after a restart on the same database the link reads
+    the same figures."""
     from storage.backend import open_database
     from storage.directory import Directory
     from storage.shares import SharedLinks
@@ -279,10 +280,20 @@ def test_shared_link_viewers_never_store_a_segment(db_path, tmp_path):
 
     client = webtest.TestApp(app)
     period = "from=2026-09-20&to=2026-09-24"
-    before = rows(db_path, "SELECT count(*) AS n FROM traffic_segments")[0]["n"]
-    for n in range(MAX_STORED_SEGMENTS + 5):
-        page = client.get(f"/share/{token}?{period}&filters=page~{n}|o", expect_errors=True)
-        assert page.status_int == 200, page.text[:500]
+    def view_distinct_filters(first: int) -> None:
+        for n in range(first, first + 5):
+            page = client.get(f"/share/{token}?{period}&filters=page~{n}|o", expect_errors=True)
+            assert page.status_int == 200, page.text[:500]
+
+    assert rows(db_path, "SELECT count(*) AS n FROM traffic_segments")[0]["n"] == 0
+    view_distinct_filters(0)
+    assert rows(db_path, "SELECT count(*) AS n FROM traffic_segments")[0]["n"] == 0
+    # The owner's views have filled the site's room for stored segments.
+    for n in range(MAX_STORED_SEGMENTS):
+        execute(db_path, "INSERT INTO traffic_segments (site_id, segment, created_at)"
+                         " VALUES (?, ?, 0)", (site_id, f"owner-segment-{n}"))
+    before = MAX_STORED_SEGMENTS
+    view_distinct_filters(5)
     assert rows(db_path, "SELECT count(*) AS n FROM traffic_segments")[0]["n"] == before
     assert rows(db_path, "SELECT count(*) AS n FROM traffic_segment_days")[0]["n"] == 0
     shared = client.get(f"/share/{token}?{period}&filters=page~pri").text
