@@ -279,10 +279,10 @@ class PostgresConnection:
         """After a pipeline that failed part way. The server skips every statement after an
         error up to the next Sync, including the PREPARE of a statement run for the
         threshold's time, but psycopg (3.3.9) still names that statement as prepared, so
-        the next run of it fails ("prepared statement ... does not exist"): a payment
-        answered 500 once the database takes writes again. From here this connection
-        prepares nothing and uses nothing it prepared; its owner replaces it
-        (`out_of_step`) to prepare again on a new one."""
+        the next run of it fails ("prepared statement ... does not exist"): the payment
+        after a refused one, or after a full disk had space again, answered 500. From
+        here this connection prepares nothing and uses nothing it prepared; its owner
+        replaces it (`out_of_step`) to prepare again on a new one."""
         if self.raw.prepare_threshold is not None:
             self.raw.prepare_threshold = None
             self.out_of_step = True
