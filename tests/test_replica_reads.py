@@ -247,16 +247,11 @@ def test_a_replica_left_by_a_killed_test_process_is_stopped_and_its_slot_dropped
     child = subprocess.Popen([sys.executable, "-c", FORGOTTEN_REPLICA, POSTGRES_URL],
                              cwd=REPO, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        folder, port = child.stdout.readline().split()
-    finally:
-        child.kill()
-        child.wait(WAIT)
     slot_of_child = f"{SLOT_PREFIX}{child.pid}_%"
 
-    def running() -> bool:
+    def running(port: int) -> bool:
         try:
-            psycopg.connect(host="127.0.0.1", port=int(port), user="postgres",
+            psycopg.connect(host="127.0.0.1", port=port, user="postgres",
                             dbname="postgres", connect_timeout=5).close()
         except psycopg.OperationalError:
             return False
@@ -267,12 +262,16 @@ def test_a_replica_left_by_a_killed_test_process_is_stopped_and_its_slot_dropped
             return admin.execute("SELECT slot_name, active FROM pg_replication_slots"
                                  " WHERE slot_name LIKE %s", (slot_of_child,)).fetchall()
 
-    assert running() and os.path.isdir(folder)  # left behind by the killed process
-    assert [active for _, active in slots()] == [True]
+    try:
+        folder, port = child.stdout.readline().split()
+        assert running(int(port)) and [active for _, active in slots()] == [True]
+    finally:
+        child.kill()  # its cleanup never runs: the replica is left running
+        child.wait(WAIT)
     stop_forgotten_replicas()  # as the next replica made does first
     # (another test process making a replica meanwhile may have done it already)
-    assert not os.path.exists(folder) and not running()
-    assert wait_until(lambda: slots() and not slots()[0][1])  # the WAL sender lets go
+    assert not os.path.exists(folder) and not running(int(port))
+    assert wait_until(lambda: not any(active for _, active in slots()))  # WAL sender let go
     with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
         drop_forgotten_slots(admin)
     assert slots() == []
