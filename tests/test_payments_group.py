@@ -398,9 +398,10 @@ def test_a_prepared_writer_stores_payments_after_any_run_of_full_disk_refusals(d
                                                                               refusals):
     """A full disk refuses payments in groups that fail part way through their pipeline,
     run after run; once space returns, every payment is stored (psycopg's record of the
-    statements it prepared went out of step with the server's after the third refusal:
-    `prepared statement "_pg3_10" does not exist`, a 500 for a payment the database could
-    take). The writer's connection is replaced after such a group."""
+    statements it prepared could go out of step with the server's after such refusals,
+    as their timing fell: `prepared statement "_pg3_10" does not exist`, a 500 for a
+    payment the database could take). The writer's connection is replaced after such a
+    group."""
     if not is_postgres(db_path):
         pytest.skip("sqlite3 prepares nothing by name on the server")
     app = create_app(config_for(db_path))  # prepared statements on: the default
