@@ -58,10 +58,11 @@ test-dist-binary: install dist-binary
 	TALLY_TEST_DIST_BINARY=$(abspath $(BINARY)) $(BIN)/python -m pytest -q \
 		tests/test_dist.py::test_the_binary_build_serves_from_an_empty_folder
 
-# Headless Chromium, its driver and nginx for the real-part tests: installed through apt
-# when root or sudo allows; required under CI=true, otherwise their tests skip loudly.
+# Headless Chromium, its driver, nginx and wrk (the bench harness's end-to-end tests) for
+# the real-part tests: installed through apt when root or sudo allows; required under
+# CI=true, otherwise their tests skip loudly.
 system-deps:
-	@bash scripts/system-deps.sh
+	@bash scripts/system-deps.sh wrk
 
 # The suite in PYTEST_WORKERS processes (an idle one takes tests from a busy one), on both
 # backends: PostgreSQL at TALLY_TEST_DATABASE_URL (README). Twice the 2 cores: many tests

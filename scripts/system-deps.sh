@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the real-part tests need (headless Chromium with its
-# driver, nginx) when they are missing and we may: as root, or through sudo.
+# driver, nginx; `make test` adds wrk) when they are missing and we may: as root, or through sudo.
 # Under CI=true a package that cannot be installed fails the run; elsewhere the tests
 # that need it skip with a loud message.
 # Arguments name more tools, each from the Debian package of the same name
