@@ -254,7 +254,7 @@ def _restore_postgres(db, source: Path) -> RestoreResult:
     the archive's (pg_dump names it in every statement) and hold nothing yet."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    from storage.postgres import connect_as_is, schema_version
+    from storage.postgres import analyze_schema, connect_as_is, schema_version
 
     tool = shutil.which("pg_restore")
     if tool is None:
@@ -310,6 +310,7 @@ def _restore_postgres(db, source: Path) -> RestoreResult:
     conn = connect_as_is(db.url, db.busy_timeout_ms)
     try:
         version = schema_version(conn)
+        analyze_schema(conn)  # pg_restore leaves the tables unanalyzed
     finally:
         conn.close()
     return RestoreResult(str(source), db.location, version)

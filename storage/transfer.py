@@ -5,7 +5,8 @@ though what it stores after the copy starts is not copied: stop Tally first). Th
 is written in one transaction with COPY, so a failed copy leaves it as it was. Rows keep
 their ids; each id sequence then continues after the largest id, and the events, copied
 into events_default, move into their months' partitions. The first-touch triggers are held
-off during the copy because customer_first_touch is copied as it is.
+off during the copy because customer_first_touch is copied as it is. The tables are
+analyzed once the copy commits, so the first reports are planned for what they hold.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from storage.db import Database, StorageError
-from storage.postgres import PostgresDatabase, storage_error
+from storage.postgres import PostgresDatabase, analyze_schema, storage_error
 
 
 class TransferError(StorageError):
@@ -101,6 +102,7 @@ def migrate_to_postgres(source: Database, target: PostgresDatabase) -> TransferR
                 if stored != copied:
                     raise TransferError(f"{table}: copied {copied} rows but {stored} are stored")
         result.skipped = sorted(source_tables - set(target_tables) - {"tally_schema_version"})
+        analyze_schema(writer)
     except psycopg.Error as exc:
         raise storage_error(exc) from exc
     except sqlite3.Error as exc:

@@ -362,3 +362,16 @@ def differences(before: dict, after: dict) -> Differences:
 def assert_same(before: dict, after: dict) -> None:
     found = differences(before, after)
     assert not found, repr(found)
+
+
+def server_now(url: str):
+    """The PostgreSQL server's clock (what pg_stat_user_tables' times are read against)."""
+    return rows(url, "SELECT clock_timestamp() AS now")[0]["now"]
+
+
+def tables_not_analyzed_since(url: str, since) -> list[str]:
+    """The tables of the URL's schema that no ANALYZE command has sampled since `since`
+    (autovacuum's own analyses do not count: the test server runs without it)."""
+    return [row["relname"] for row in rows(
+        url, "SELECT relname FROM pg_stat_user_tables WHERE schemaname = current_schema()"
+             " AND (last_analyze IS NULL OR last_analyze < ?) ORDER BY relname", (since,))]

@@ -12,6 +12,7 @@ import webtest
 from app import create_app
 from tests import dashboard_seed as seed
 from tests.conftest import WAIT, FakeClock, bearer, cli_json, config_for, rows, run_cli
+from tests.lifecycle import server_now, tables_not_analyzed_since
 
 REPORTS = (("revenue",), ("mrr",), ("traffic", "--by", "source"), ("goals",),
            ("timeseries", "--interval", "day"))
@@ -56,6 +57,16 @@ def test_every_row_moves_and_reports_give_the_same_figures(seeded, postgres_sche
     for args in REPORTS:
         assert report(postgres_schema, site, *args) == report(source, site, *args), args
     assert cli_json("check", db=postgres_schema)["ok"] is True
+
+
+def test_the_copy_is_analyzed_so_its_first_reports_are_planned_for_what_it_holds(
+        seeded, postgres_schema):
+    source, _, _ = seeded
+    started = server_now(postgres_schema)
+    cli_json("migrate-to-postgres", "--to", postgres_schema, db=source)
+    assert tables_not_analyzed_since(postgres_schema, started) == []
+    assert rows(postgres_schema, "SELECT count(*) AS n FROM pg_stats"
+                " WHERE schemaname = current_schema() AND tablename = 'events'")[0]["n"] > 0
 
 
 def test_tally_goes_on_from_the_copy(seeded, postgres_schema):
