@@ -125,6 +125,7 @@ class Bench:
     flusher_db: str = ""
     flusher_site: str = ""
     flush_interval: float = 1.0
+    conf: Path = REPO / "gunicorn.conf.py"  # the service's gunicorn settings
     created: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def new_database(self, name: str) -> str:
@@ -156,7 +157,7 @@ class Bench:
         self.site = run("site", "create", "--account", account["id"], *hosts)["id"]
         self.key = run("key", "create", "--site", self.site, "--scope", "events",
                        "--scope", "payments", "--scope", "read")["key"]
-        self.tally = Service("app:app", REPO / "gunicorn.conf.py", self.workers,
+        self.tally = Service("app:app", self.conf, self.workers,
                              self.folder / "tally.log", env).wait_ready()
         return self.tally
 

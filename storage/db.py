@@ -354,10 +354,10 @@ class Database:
             raise
 
     def grouped_transaction(self, conn: sqlite3.Connection, items: list,
-                            write: Callable[[object], None], *,
-                            sites=None) -> list[BaseException | None]:
+                            write: Callable[[object], None], *, sites=None,
+                            more: Callable[[], list] | None = None) -> list[BaseException | None]:
         """grouped_transaction below (`sites`: as transaction's; SQLite has one writer)."""
-        return grouped_transaction(conn, items, write)
+        return grouped_transaction(conn, items, write, more)
 
     @contextmanager
     def storage_errors(self):
@@ -441,30 +441,65 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
 
 
 def grouped_transaction(conn: sqlite3.Connection, items: list,
-                        write: Callable[[object], None]) -> list[BaseException | None]:
-    """One BEGIN IMMEDIATE ... COMMIT for all `items`, each written by `write(item)` inside
-    a SAVEPOINT of its own: an item whose write raises is rolled back alone. Returns each
-    item's failure (None: stored). Raises what fails the transaction as a whole (the lock,
-    the COMMIT, SQLite rolling everything back), and then nothing of it is stored."""
-    failures: list[BaseException | None] = []
+                        write: Callable[[object], None],
+                        more: Callable[[], list] | None = None) -> list[BaseException | None]:
+    """One BEGIN IMMEDIATE ... COMMIT for all `items`, each written by `write(item)`: an
+    item whose write raises is rolled back alone. Returns each item's failure (None:
+    stored). Raises what fails the transaction as a whole (the lock, the COMMIT, SQLite
+    rolling everything back), and then nothing of it is stored. `more()`, called once the
+    write lock is held, gives items that arrived while it was awaited: they are appended
+    to `items` (the caller's list) and written too.
+
+    The items go first under one SAVEPOINT for them all; only when one raises is that
+    rolled back and each item written again inside a SAVEPOINT of its own (the lock is
+    kept throughout)."""
     begin_immediate(conn)
     try:
-        for item in items:
-            conn.execute("SAVEPOINT item")
-            try:
-                write(item)
-                failures.append(None)
-            except Exception as exc:
-                if not conn.in_transaction:
-                    raise  # the whole transaction is gone (a full disk, I/O): all fail
-                conn.execute("ROLLBACK TO item")
-                failures.append(exc)
-            conn.execute("RELEASE item")
+        if more is not None:
+            items.extend(more())
+        if not _all_at_once(conn, items, write):
+            failures = _item_by_item(conn, items, write)
+        else:
+            failures = [None] * len(items)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+    return failures
+
+
+def _all_at_once(conn: sqlite3.Connection, items: list, write: Callable[[object], None]) -> bool:
+    """Every item written under one SAVEPOINT: True, or False with it rolled back because
+    an item raised."""
+    conn.execute("SAVEPOINT items")
+    try:
+        for item in items:
+            write(item)
+    except Exception:
+        if not conn.in_transaction:
+            raise  # the whole transaction is gone (a full disk, I/O): all fail
+        conn.execute("ROLLBACK TO items")
+        conn.execute("RELEASE items")
+        return False
+    conn.execute("RELEASE items")
+    return True
+
+
+def _item_by_item(conn: sqlite3.Connection, items: list,
+                  write: Callable[[object], None]) -> list[BaseException | None]:
+    failures: list[BaseException | None] = []
+    for item in items:
+        conn.execute("SAVEPOINT item")
+        try:
+            write(item)
+            failures.append(None)
+        except Exception as exc:
+            if not conn.in_transaction:
+                raise  # the whole transaction is gone (a full disk, I/O): all fail
+            conn.execute("ROLLBACK TO item")
+            failures.append(exc)
+        conn.execute("RELEASE item")
     return failures
 
 

@@ -226,3 +226,17 @@ def test_queued_events_hold_a_repeated_agent_and_name_once():
     assert len({id(event.ua) for event in events}) == 1
     assert len({id(event.name) for event in events if event.name == "pageview"}) == 1
     assert events[0].ip_packed == bytes([203, 0, 113, 7])
+
+
+def test_queued_events_hold_a_repeated_page_host_and_referrer_once():
+    """Pages, hosts and referrers repeat across a queue as agents do: each is held once
+    (docs/perf-notes.md, "Worker memory, sixth round")."""
+    bodies = [orjson.loads(orjson.dumps({"s": "site", "b": [
+        {"e": "pageview", "u": "https://Example.com./pricing?x=1", "r": "https://www.google.com/"},
+        {"e": "pageview", "u": "https://Example.com./pricing?x=1", "r": "https://www.google.com/"}]}))
+        for _ in range(2)]
+    events = [event for body in bodies for event in parse_events(body, 1_790_000_000_000)[1]]
+    assert [(event.url, event.host, event.referrer) for event in events] == [
+        ("https://Example.com./pricing?x=1", "example.com", "https://www.google.com/")] * 4
+    for field in ("url", "host", "referrer"):
+        assert len({id(getattr(event, field)) for event in events}) == 1, field

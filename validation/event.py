@@ -144,11 +144,16 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
         match = _HTTP_URL.match(url)
     if match is None:
         raise InvalidEvent(where + "u", MESSAGES["u"])
-    host = match.group(1).lower().rstrip(".")
+    # Interned, as the agent below: a full queue holds each page, host and referrer once,
+    # and the hash computed here is the one the host check and the flush's caches use.
+    url = sys.intern(url)
+    host = sys.intern(match.group(1).lower().rstrip("."))
 
     referrer = get("r")
-    if referrer is not None and (type(referrer) is not str or not _fits(referrer, URL_MAX_BYTES)):
-        raise InvalidEvent(where + "r", MESSAGES["r"])
+    if referrer is not None:
+        if type(referrer) is not str or not _fits(referrer, URL_MAX_BYTES):
+            raise InvalidEvent(where + "r", MESSAGES["r"])
+        referrer = sys.intern(referrer)
 
     title = get("t")
     if title is not None:
