@@ -17,7 +17,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 
 import orjson
 
@@ -98,6 +98,28 @@ def install() -> None:
     pc.copy_rows = _timed(lambda self, table, columns, rows: f"COPY {table}", pc.copy_rows)
     pc.commit = _timed(lambda self: "COMMIT", pc.commit)
     pc.begin_sites = _timed(lambda self, sites: "BEGIN + locks", pc.begin_sites)
+    pipeline = pc.pipeline
+
+    @contextmanager
+    def timed_pipeline(self):
+        # The statements inside are timed as they are sent; this is the block as a whole,
+        # their server time and the round trip that reads them back among it.
+        if not _counting():
+            with pipeline(self):
+                yield self
+            return
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            with pipeline(self):
+                yield self
+        finally:
+            entry = TIMES["pipeline (what is sent in it, read back once)"]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - wall
+            entry[2] += time.thread_time() - cpu
+
+    if hasattr(pc, "pipeline"):
+        pc.pipeline = timed_pipeline
     start = ingest.flusher.Flusher.start
 
     def started(self):

@@ -406,9 +406,9 @@ class PostgresConnection:
         the cursor of the site locks, which has a result once they are held."""
         if self.pipelined:
             return self._begin_sites(sites, prepare=None)
-        # Never prepared in a pipeline of their own: when one fails (a lock not had in
-        # time), the server skips the rest, a PREPARE among them that psycopg would count
-        # as made (stop_preparing), and the flush keeps its connection for the retry.
+        # Never prepared here: a lock not had in time fails this pipeline part way, and
+        # the flush retries on the same connection (pipeline() would make it stop
+        # preparing).
         with self.raw.pipeline():
             return self._begin_sites(sites, prepare=False)
 
@@ -571,8 +571,8 @@ class PostgresDatabase:
                 prepared: bool = False) -> PostgresConnection:
         """A connection of the caller's own. `prepared`: the statements it runs again and
         again are prepared on the server (parsed and planned once), for a connection that
-        runs few statements many times (the payment writer's), unless prepared statements
-        are off for this database."""
+        runs few statements many times (the payment writer's, the flush thread's), unless
+        prepared statements are off for this database."""
         try:
             conn = _connect(self.url, self.busy_timeout_ms)
         except psycopg.Error as exc:
