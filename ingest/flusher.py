@@ -3,8 +3,8 @@
 Every TALLY_FLUSH_INTERVAL seconds (sooner when a quarter of the queue is waiting, its
 flush_at, or when asked), it swaps the waiting units out under the queue's lock, enriches
 them and writes them with its own connection: one executemany in one transaction, through
-`write(conn, batch)` (the batch is decided before the write lock and checked under it:
-ingest.pipeline.BatchWriter). When the database is locked or failing it keeps
+`write(conn, batch)` (on SQLite the batch is decided before BEGIN IMMEDIATE and checked
+under it: ingest.pipeline.BatchWriter). When the database is locked or failing it keeps
 the batch and retries with backoff; the queue then fills and requests get 503. On a full disk it stores
 the batch in smaller parts, as many as fit, and waits for space for the rest. Any other failure
 is the data's: the batch is split until the failing events are found and set aside in
@@ -253,10 +253,10 @@ class Flusher:
 
     def _write(self, conn: Connection, units: list[Accepted]) -> int:
         batch = enrich(self.enricher, conn, units)
-        # The batch is decided before the write lock (BatchWriter.prepare: SQLite's one
-        # writer at a time, PostgreSQL's flushes of the same sites) and only written under it.
+        # On SQLite, one writer at a time: the batch is decided before the write lock
+        # (BatchWriter.prepare) and only written under it.
         prepare = getattr(self.write, "prepare", None)
-        if prepare is None:
+        if prepare is None or self.db.dialect != "sqlite":
             self._commit(conn, batch, {unit.site_id for unit in units})
             return len(batch.rows)
         # The collector waits from the decision to the commit: the plan's objects are

@@ -3,15 +3,14 @@
     units: list[Accepted]                   (ingest.queue, one per request)
       enrich                -> EventBatch: rows: list[EventRow], usage, the rows that
                                reach back a day       (enrichment.enricher; no transaction)
-      decide (reads only; before the lock, BatchWriter.prepare):
+      decide (reads only; on SQLite before the lock, BatchWriter.prepare):
       browser visitors      -> script events (and their ip+ua's other events) under the
                                browser's visitor id   (enrichment.browser_ids)
       previous_visitor_ids  -> yesterday's visitor id per row  (enrichment.enricher)
       decide_sessions       -> a SessionPlan          (attribution.flush: sessions, visitor
                                                         links, $identify links)
-      --- BEGIN IMMEDIATE --- (or PostgreSQL's site locks: the decisions' reads run
-                               again, on SQLite only after another connection
-                               committed; decided again when an answer changed)
+      --- BEGIN IMMEDIATE --- (SQLite: the decisions' reads run again; decided again
+                               when an answer changed)
       write_decided         -> browser links, new sessions with their final ids, then
       insert_events         -> events                 (storage.events), then
       write_session_changes -> stored sessions' changes, visitor and $identify links, and
@@ -19,7 +18,7 @@
                                these go out in one pipeline, read back once
       --- COMMIT ---        then quota.usage.QuotaGuard.end_commit (ingest/flusher.py)
 
-The flush thread (ingest/flusher.py) runs `enrich`, then `BatchWriter.prepare`,
+The flush thread (ingest/flusher.py) runs `enrich`, then (on SQLite) `BatchWriter.prepare`,
 then the BatchWriter inside one transaction, so the events, their sessions and the usage
 they count are stored together or not at all.
 """
@@ -107,12 +106,12 @@ class Prepared(NamedTuple):
 
 
 class BatchWriter:
-    """write_batch for the flush thread (ingest/flusher.py), which also calls prepare()
-    before the write lock (SQLite's BEGIN IMMEDIATE, PostgreSQL's site locks): the batch
-    is decided outside it, where the other workers' flushes (and on SQLite payments) need
-    not wait for it. Under the lock the reads it rested on are run again; when any answer
-    differs (another writer moved a session, linked a browser, made a salt in between) it
-    is decided again there, so the decisions are always those of the data under the lock."""
+    """write_batch for the flush thread (ingest/flusher.py), which on SQLite also calls
+    prepare() before BEGIN IMMEDIATE: the batch is decided outside the write lock, where
+    the other workers' flushes and payments need not wait for it. Under the lock the
+    reads it rested on are run again; when any answer differs (another writer moved a
+    session, linked a browser, made a salt in between) it is decided again there, so the
+    decisions are always those of the data under the lock."""
 
     def __init__(self, browser_visitors: BrowserVisitors | None = None):
         self.browser_visitors = browser_visitors

@@ -1,13 +1,11 @@
 """Reads made outside a transaction, kept so that they can be checked under the write lock.
 
-The flush decides a batch (sessions, browser visitors, yesterday's visitor ids) before it
-takes the write lock (SQLite's BEGIN IMMEDIATE, PostgreSQL's site locks), on a
-RecordedReads wrapping its connection: every statement the decision runs is a read, and
-its rows are kept. Under the lock, `unchanged` runs each read again, and the same rows
-mean the decision is the one the data under the lock gives. SQLite first says whether any
-other connection committed since the decision started (PRAGMA data_version, read on the
-same connection), and the reads run again only then; PostgreSQL has no such counter, so
-they always run again there.
+The SQLite flush decides a batch (sessions, browser visitors, yesterday's visitor ids)
+before BEGIN IMMEDIATE, on a RecordedReads wrapping its connection: every statement the
+decision runs is a read, and its rows are kept. Under the lock, `unchanged` first asks
+SQLite whether any other connection committed since the decision started (PRAGMA
+data_version, read on the same connection); only then does it run each read again, and
+the same rows mean the decision is the one the data under the lock gives.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Sequence
 
-from storage.dialect import dialect, pipelined
 from storage.statements import native
 
 
@@ -48,9 +45,8 @@ class RecordedReads:
 
     def __init__(self, conn: sqlite3.Connection):
         self._conn = conn
-        self.dialect = dialect(conn)
         self._reads: list[tuple[str, Sequence, list]] = []
-        self._version = _data_version(conn) if self.dialect == "sqlite" else None
+        self._version = _data_version(conn)
 
     @property
     def in_transaction(self) -> bool:
@@ -68,12 +64,6 @@ class RecordedReads:
 
     def unchanged(self, conn: sqlite3.Connection) -> bool:
         """Whether every recorded read gives the same rows on `conn` now."""
-        if self._version is None:
-            # PostgreSQL: every read again, sent together and read back in one round trip.
-            with pipelined(conn):
-                again = [conn.execute(sql, parameters) for sql, parameters, _ in self._reads]
-            return all(cursor.fetchall() == rows
-                       for cursor, (_, _, rows) in zip(again, self._reads, strict=True))
         if conn is self._conn and _data_version(conn) == self._version:
             return True  # nothing committed by another connection since the reads
         return all(conn.execute(sql, parameters).fetchall() == rows
