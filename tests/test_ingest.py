@@ -188,6 +188,12 @@ def stored_sessions(db_path: str) -> list[tuple]:
         " FROM sessions s ORDER BY s.started_at, s.last_seen_at DESC")]
 
 
+def prepared_statements(flusher) -> int:
+    """The statements the flush thread's PostgreSQL connection holds prepared (the thread
+    is waiting for its next flush: the test may use its connection)."""
+    return flusher._conn.raw.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0]
+
+
 def test_sessions_continue_across_flushes_and_a_restart_on_a_connection_that_prepares(
         store, db_path):
     """Each flush runs the same statements (PostgreSQL prepares them from their second
@@ -204,6 +210,7 @@ def test_sessions_continue_across_flushes_and_a_restart_on_a_connection_that_pre
 
         assert flusher._conn.raw.prepare_threshold == PREPARE_THRESHOLD
         assert not flusher._conn.out_of_step
+        assert prepared_statements(flusher) >= 5  # the flush's own (BEGIN and the locks never)
     flusher.stop(timeout=5)
     restarted = make_flusher(store)  # a new flush thread and connection, as after a restart
     assert restarted.submit(visit(12))
@@ -284,7 +291,7 @@ def test_the_flush_prepares_nothing_when_prepared_statements_are_off(store, db_p
             assert flusher.submit(visit(minute))
             assert flusher.flush_now(timeout=WAIT)
         assert flusher._conn.raw.prepare_threshold is None
-        assert not rows(db_path, "SELECT name FROM pg_prepared_statements")  # another session's
+        assert prepared_statements(flusher) == 0
         flusher.stop(timeout=5)
     finally:
         unprepared.close()
