@@ -22,8 +22,9 @@ class Config:
     # file db_path is the database.
     database_url: str | None = None
     database_pool: int = 8  # PostgreSQL connections each process lends its request threads
-    # Whether the payment writer's PostgreSQL connection prepares its statements (off for
-    # PgBouncer's transaction mode before 1.21, which cannot keep them per client).
+    # Whether the payment writer's and the flush thread's PostgreSQL connections prepare
+    # their statements (off for PgBouncer's transaction mode before 1.21, which cannot keep
+    # them per client).
     database_prepared: bool = True
     # A streaming replica of database_url that reads over HTTP use while it is at most
     # replica_max_lag seconds behind (storage/replica.py).

@@ -189,15 +189,18 @@ class _Visits:
         self.links = [(site, visitor, renamed.get(sid, sid)) for site, visitor, sid in self.links]
         return renamed
 
-    def write(self, conn: Connection, touched: Iterable[_Session]) -> None:
-        """New sessions, then earlier starts, counts and new visitor ids of stored ones.
-
-        Links go last: their trigger recomputes first touches against final sessions."""
+    def write_new(self, conn: Connection) -> None:
+        """The new sessions (with their final ids)."""
         insert_sessions(conn, [
             (s.id, s.site_id, s.visitor_id, s.started_at, s.last_seen_at, s.landing.channel,
              s.landing.source, s.landing.referrer, s.landing.landing_page,
              s.landing.entry_path, *s.landing.utm, s.pageviews, s.custom_events)
             for s in self.new])
+
+    def write_changes(self, conn: Connection, touched: Iterable[_Session]) -> None:
+        """After write_new: earlier starts, counts and new visitor ids of stored sessions.
+
+        Links go last: their trigger recomputes first touches against final sessions."""
         stored = [s for s in touched if s.stored_start is not None]
         move_session_starts(conn, [
             (s.started_at, s.landing.channel, s.landing.source, s.landing.referrer,
@@ -333,15 +336,28 @@ class SessionPlan:
 
     def write(self, conn: Connection) -> list[int | None]:
         """Write the plan (the caller holds the write lock); each hit's final session id."""
+        session_ids = self.write_sessions(conn)
+        self.write_changes(conn)
+        return session_ids
+
+    def write_sessions(self, conn: Connection) -> list[int | None]:
+        """The first part of write(): the new sessions, with their final ids; each hit's
+        final session id."""
         session_ids = self.session_ids
         visits = self.visits
         if visits is not None:
             renamed = visits.final_ids(conn)
             if renamed:
                 session_ids = [renamed.get(sid, sid) for sid in session_ids]
-            visits.write(conn, self.touched)
-        link_identities(conn, self.identities)
+            visits.write_new(conn)
         return session_ids
+
+    def write_changes(self, conn: Connection) -> None:
+        """The rest of write(), after write_sessions: stored sessions' changes, visitor
+        links and identity links. Nothing is read back (the flush pipelines them)."""
+        if self.visits is not None:
+            self.visits.write_changes(conn, self.touched)
+        link_identities(conn, self.identities)
 
 
 def hosts_of_site(conn: Connection, site_id: int) -> frozenset[str]:

@@ -9,7 +9,7 @@ the way the flush thread does (ingest/pipeline.py): `enrich`, the BatchWriter's 
 `Database.transaction` per flush of `--flush-units` units, on a fresh SQLite file with
 the service's pragmas. CPU is this thread's (time.thread_time: Python and SQLite alike,
 not the fsync wait). Under the lock: "check" (the decisions' reads run again), "sessions"
-(the plan's writes, ingest.pipeline.write_sessions), "insert" (the rest: browser links,
+(the plan's writes, ingest.pipeline.write_sessions and write_session_changes), "insert" (the rest: browser links,
 the events' INSERT, usage) and "commit"; "locked" is their sum.
 
 Visitor mixes (each event's ip + ua decides its visitor):
@@ -103,6 +103,7 @@ def run(folder: Path, mix: str, events: int, flush_units: int) -> dict:
              "commit": 0.0}
     writer = pipeline.BatchWriter()
     write_sessions, unchanged = pipeline.write_sessions, RecordedReads.unchanged
+    write_session_changes = pipeline.write_session_changes
 
     def timed(name, step):
         def run_step(*args):
@@ -114,6 +115,7 @@ def run(folder: Path, mix: str, events: int, flush_units: int) -> dict:
         return run_step
 
     pipeline.write_sessions = timed("sessions", write_sessions)
+    pipeline.write_session_changes = timed("sessions", write_session_changes)
     RecordedReads.unchanged = timed("check", unchanged)
     wall = 0.0  # seconds spent storing (not making the units)
     try:
@@ -137,6 +139,7 @@ def run(folder: Path, mix: str, events: int, flush_units: int) -> dict:
             spent["commit"] += t4 - t3
     finally:
         pipeline.write_sessions, RecordedReads.unchanged = write_sessions, unchanged
+        pipeline.write_session_changes = write_session_changes
     locked = spent["insert"] + spent["commit"]
     spent["insert"] -= spent["sessions"] + spent["check"]
     if writer.decided_again:

@@ -303,9 +303,14 @@ class Flusher:
                              batch.anonymous_totals)
 
     def _connection(self) -> Connection:
-        # A PostgreSQL connection the server dropped is closed; a new one is made.
+        # A PostgreSQL connection the server dropped is closed, and one whose pipeline
+        # failed part way no longer prepares (PostgresConnection.stop_preparing): a new
+        # one is made. The flush runs the same few statements every time, so they are
+        # prepared on the server (unless TALLY_DATABASE_PREPARED is off).
+        if self._conn is not None and getattr(self._conn, "out_of_step", False):
+            self._drop_connection()
         if self._conn is None or getattr(self._conn, "closed", False):
-            self._conn = self.db.connect(busy_timeout_ms=self.busy_timeout_ms)
+            self._conn = self.db.connect(busy_timeout_ms=self.busy_timeout_ms, prepared=True)
         return self._conn
 
     def _drop_connection(self) -> None:

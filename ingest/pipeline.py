@@ -11,9 +11,11 @@
                                                         links, $identify links)
       --- BEGIN IMMEDIATE --- (SQLite: the decisions' reads run again; decided again
                                when an answer changed)
-      write_decided         -> browser links, sessions with their final ids, then
-      insert_events         -> events                 (storage.events)
-      add_usage             -> monthly_usage totals   (storage.usage)
+      write_decided         -> browser links, new sessions with their final ids, then
+      insert_events         -> events                 (storage.events), then
+      write_session_changes -> stored sessions' changes, visitor and $identify links, and
+      add_usage             -> monthly_usage totals   (storage.usage): on PostgreSQL
+                               these go out in one pipeline, read back once
       --- COMMIT ---        then quota.usage.QuotaGuard.end_commit (ingest/flusher.py)
 
 The flush thread (ingest/flusher.py) runs `enrich`, then (on SQLite) `BatchWriter.prepare`,
@@ -33,6 +35,7 @@ from enrichment.browser_ids import BrowserVisitors
 from enrichment.enricher import Enricher, EventBatch, previous_visitor_ids
 from ingest.queue import Accepted
 from storage.connection import Connection
+from storage.dialect import pipelined
 from storage.events import EventRow, insert_events, refuse_missing_sites
 from storage.recorded import RecordedReads
 from storage.usage import add_usage
@@ -65,16 +68,25 @@ def write_decided(conn: Connection, batch: EventBatch, decided: Decided) -> None
         refuse_missing_sites(conn, {row.site_id for row in batch.rows})
         if decided.links:
             BrowserVisitors.write(conn, decided.links)
-        session_ids = write_sessions(conn, decided.sessions)
-        insert_events(conn, batch.rows, session_ids)
-        for key, (total, anonymous) in add_usage(conn, batch.usage,
-                                                 batch.anonymous_usage).items():
+        insert_events(conn, batch.rows, write_sessions(conn, decided.sessions))
+        # After the COPYs (a COPY cannot be pipelined): the stored sessions' changes, the
+        # links and the usage go out together and are read back once.
+        with pipelined(conn):
+            write_session_changes(conn, decided.sessions)
+            totals = add_usage(conn, batch.usage, batch.anonymous_usage)
+        for key, (total, anonymous) in totals().items():
             batch.usage_totals[key] = total
             batch.anonymous_totals[key] = anonymous
 
 
 def write_sessions(conn: Connection, plan: SessionPlan) -> list[int | None]:
-    return plan.write(conn)
+    """The batch's new sessions; each row's final session id."""
+    return plan.write_sessions(conn)
+
+
+def write_session_changes(conn: Connection, plan: SessionPlan) -> None:
+    """Stored sessions' changes, visitor links and identity links, after write_sessions."""
+    plan.write_changes(conn)
 
 
 def write_batch(conn: Connection, batch: EventBatch,

@@ -6,10 +6,23 @@ PostgreSQL connection respells placeholders and a handful of functions: storage/
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
+
 
 def dialect(conn) -> str:
     """"postgres" or "sqlite" (a plain sqlite3 connection has no dialect attribute)."""
     return getattr(conn, "dialect", "sqlite")
+
+
+@contextmanager
+def pipelined(conn):
+    """On PostgreSQL the block's statements go out without waiting for one another: those
+    whose rows nobody reads cost one round trip together, paid when the block ends or a
+    later statement's rows are read (PostgresConnection.pipeline); an error of any of them
+    is raised there. On SQLite, and inside a pipeline already, they run as they are."""
+    with (conn.pipeline() if dialect(conn) == "postgres" and conn.pipelined is None
+          else nullcontext()):
+        yield
 
 
 # The UTC month ("YYYY-MM") of a unix-ms column, and the ms its month starts and ends at.

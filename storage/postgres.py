@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from decimal import Decimal
 from importlib.resources import files
 from urllib.parse import urlsplit
@@ -404,12 +404,21 @@ class PostgresConnection:
         """BEGIN a transaction that writes only these sites' rows (module doc): the three
         statements go in one round trip (in the caller's pipeline, if it has one). Returns
         the cursor of the site locks, which has a result once they are held."""
-        with nullcontext() if self.pipelined else self.raw.pipeline():
-            cursor = self.raw.cursor()
-            cursor.execute("BEGIN")
-            cursor.execute(_SHARED_LOCK, (WRITE_LOCK_KEY,))
-            locks = self.raw.cursor()
-            locks.execute(_SITE_LOCKS, (SITE_LOCK_KEY, sorted(int(site) for site in sites)))
+        if self.pipelined:
+            return self._begin_sites(sites, prepare=None)
+        # Never prepared here: a lock not had in time fails this pipeline part way, and
+        # the flush retries on the same connection (pipeline() would make it stop
+        # preparing).
+        with self.raw.pipeline():
+            return self._begin_sites(sites, prepare=False)
+
+    def _begin_sites(self, sites: Collection[int], prepare: bool | None) -> psycopg.Cursor:
+        cursor = self.raw.cursor()
+        cursor.execute("BEGIN", prepare=prepare)
+        cursor.execute(_SHARED_LOCK, (WRITE_LOCK_KEY,), prepare=prepare)
+        locks = self.raw.cursor()
+        locks.execute(_SITE_LOCKS, (SITE_LOCK_KEY, sorted(int(site) for site in sites)),
+                      prepare=prepare)
         return locks
 
     @contextmanager
@@ -417,12 +426,16 @@ class PostgresConnection:
         """psycopg's pipeline mode: statements are sent without waiting for their results,
         which arrive when one is fetched or the block ends (then every error is raised). A
         block of statements then costs a round trip per result it reads, not one each."""
-        with self.raw.pipeline() as pipeline:
-            self.pipelined = pipeline
-            try:
-                yield self
-            finally:
-                self.pipelined = None
+        try:
+            with self.raw.pipeline() as pipeline:
+                self.pipelined = pipeline
+                try:
+                    yield self
+                finally:
+                    self.pipelined = None
+        except BaseException:
+            self.stop_preparing()  # a PREPARE the server skipped after the error
+            raise
 
     def set_lock_timeout(self, ms: int) -> None:
         self.raw.execute(f"SET lock_timeout = {int(ms)}")  # sql-safe: an int
@@ -558,8 +571,8 @@ class PostgresDatabase:
                 prepared: bool = False) -> PostgresConnection:
         """A connection of the caller's own. `prepared`: the statements it runs again and
         again are prepared on the server (parsed and planned once), for a connection that
-        runs few statements many times (the payment writer's), unless prepared statements
-        are off for this database."""
+        runs few statements many times (the payment writer's, the flush thread's), unless
+        prepared statements are off for this database."""
         try:
             conn = _connect(self.url, self.busy_timeout_ms)
         except psycopg.Error as exc:

@@ -8,6 +8,7 @@ arithmetic (plans, caps, what a worker holds but has not stored).
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from storage.statements import statement
 
@@ -42,13 +43,14 @@ ADD_USAGE = statement(
 
 def add_usage(conn: sqlite3.Connection, usage: dict[tuple[int, str], int],
               anonymous: dict[tuple[int, str], int] | None = None,
-              ) -> dict[tuple[int, str], tuple[int, int]]:
+              ) -> Callable[[], dict[tuple[int, str], tuple[int, int]]]:
     """Add counted events per (account id, month), `anonymous` of them anonymous; returns
-    each one's new (total, anonymous). The flush calls it in the transaction that stores
-    those events, so the two always agree."""
+    a function that reads each one's new (total, anonymous): the flush sends these in a
+    pipeline on PostgreSQL (ingest/pipeline.py) and reads them once it has ended. The
+    flush calls it in the transaction that stores those events, so the two always agree."""
     anonymous = anonymous or {}
     # In key order: two PostgreSQL flushes adding to the same accounts lock their rows in
     # the same order, so neither waits for the other in a cycle.
-    return {key: tuple(conn.execute(ADD_USAGE, (*key, usage[key],
-                                                anonymous.get(key, 0))).fetchone())
-            for key in sorted(usage)}
+    sent = [(key, conn.execute(ADD_USAGE, (*key, usage[key], anonymous.get(key, 0))))
+            for key in sorted(usage)]
+    return lambda: {key: tuple(cursor.fetchone()) for key, cursor in sent}

@@ -27,6 +27,7 @@ from tests.conftest import (
     is_postgres,
     provision,
     rows,
+    wait_until,
 )
 from validation.event import parse_events
 
@@ -168,6 +169,133 @@ def test_the_flush_decides_before_the_write_lock_on_sqlite_and_under_it_on_postg
         assert seen == [("write", False)]
     assert count(db_path) == 5
     assert count(db_path, "SELECT count(*) FROM sessions") >= 1
+
+
+def visit(minute: int, visitor: int = 1, name: str = "pageview", **fields) -> Accepted:
+    """An event `minute` minutes before NOW_MS, of visitor number `visitor` (its address)."""
+    body = {"s": "site", "e": name, "u": f"https://example.com/{minute}", "ua": FIREFOX,
+            "ip": f"81.2.69.{visitor}", "ts": NOW_MS - (60 - minute) * 60_000, **fields}
+    _, events = parse_events(body, NOW_MS)
+    return Accepted(1, 1, "2026-09", NOW_MS // 86_400_000, events,
+                    0 if name == "$identify" else 1)
+
+
+def stored_sessions(db_path: str) -> list[tuple]:
+    return [tuple(row.values()) for row in rows(
+        db_path, "SELECT s.started_at, s.last_seen_at, s.pageviews, s.custom_events,"
+        " (SELECT count(*) FROM session_visitors v WHERE v.session_id = s.id) AS links,"
+        " (SELECT count(*) FROM events e WHERE e.session_id = s.id) AS events"
+        " FROM sessions s ORDER BY s.started_at, s.last_seen_at DESC")]
+
+
+def prepared_statements(flusher) -> int:
+    """The statements the flush thread's PostgreSQL connection holds prepared (the thread
+    is waiting for its next flush: the test may use its connection)."""
+    return flusher._conn.raw.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0]
+
+
+def test_sessions_continue_across_flushes_and_a_restart_on_a_connection_that_prepares(
+        store, db_path):
+    """Each flush runs the same statements (PostgreSQL prepares them from their second
+    run, and sends the sessions' changes, links and usage in one pipeline): flush after
+    flush, and after a new flush thread on the data written, sessions continue exactly."""
+    flusher = make_flusher(store)
+    for minute in range(0, 10, 2):  # five flushes: a session continued, a visitor new
+        assert flusher.submit(visit(minute))
+        assert flusher.submit(visit(minute + 1, visitor=10 + minute, name="signup"))
+        assert flusher.submit(visit(minute + 1, name="$identify", uid=f"user-{minute}"))
+        assert flusher.flush_now(timeout=WAIT)
+    if store.dialect == "postgres":
+        from storage.postgres import PREPARE_THRESHOLD
+
+        assert flusher._conn.raw.prepare_threshold == PREPARE_THRESHOLD
+        assert not flusher._conn.out_of_step
+        assert prepared_statements(flusher) >= 5  # the flush's own (BEGIN and the locks never)
+    flusher.stop(timeout=5)
+    restarted = make_flusher(store)  # a new flush thread and connection, as after a restart
+    assert restarted.submit(visit(12))
+    assert restarted.submit(visit(13, visitor=10))
+    assert restarted.flush_now(timeout=WAIT)
+    restarted.stop(timeout=5)
+    minute = 60_000
+    start = NOW_MS - 60 * minute
+    assert stored_sessions(db_path) == [
+        (start, start + 12 * minute, 6, 0, 1, 6),  # visitor 1, continued by every flush
+        (start + 1 * minute, start + 13 * minute, 1, 1, 1, 2),  # visitor 10, and after the restart
+        (start + 3 * minute, start + 3 * minute, 0, 1, 1, 1),
+        (start + 5 * minute, start + 5 * minute, 0, 1, 1, 1),
+        (start + 7 * minute, start + 7 * minute, 0, 1, 1, 1),
+        (start + 9 * minute, start + 9 * minute, 0, 1, 1, 1)]
+    assert count(db_path, "SELECT count(*) FROM visitor_identities") == 5
+    assert count(db_path) == 17
+    assert count(db_path, "SELECT events FROM monthly_usage") == 12
+
+
+def test_a_flush_that_fails_part_way_is_stored_whole_on_its_retry(store, db_path):
+    """A flush held up by another writer (on PostgreSQL a stored session's row locked, so
+    the pipelined UPDATE of the sessions it continues fails after the lock timeout and the
+    server skips the rest of the pipeline, PREPAREs among them) is retried until it is
+    stored whole, and the flushes after it run the same statements again."""
+    flusher = make_flusher(store)
+    for minute in (0, 1):  # each statement's first two runs; PostgreSQL prepares the third
+        assert flusher.submit(visit(minute))
+        assert flusher.submit(visit(minute, visitor=2, name="$identify", uid=f"u-{minute}"))
+        assert flusher.submit(visit(minute, visitor=10 + minute))
+        assert flusher.flush_now(timeout=WAIT)
+    if store.dialect == "postgres":
+        from storage.postgres import PostgresDatabase
+
+        holder = PostgresDatabase(db_path).connect()
+        holder.execute("BEGIN")
+        holder.execute("SELECT id FROM sessions FOR UPDATE").fetchall()
+        release = holder.close  # ends the transaction and its row locks
+    else:
+        release = WriteLock(db_path).release
+    try:
+        # Visitor 1's session continued, a new visitor linked, a user identified.
+        assert flusher.submit(visit(2))
+        assert flusher.submit(visit(3, visitor=3))
+        assert flusher.submit(visit(3, visitor=2, name="$identify", uid="user-2"))
+        flusher.queue.wake()  # the flush, not waited for: it fails while the lock is held
+        assert wait_until(lambda: flusher.failures >= 2)
+    finally:
+        release()
+    assert flusher.flush_now(timeout=WAIT)
+    assert flusher.submit(visit(4))  # and the statements run again after it
+    assert flusher.submit(visit(5, visitor=4))
+    assert flusher.flush_now(timeout=WAIT)
+    flusher.stop(timeout=5)
+    assert flusher.set_aside_events == 0
+    minute = 60_000
+    start = NOW_MS - 60 * minute
+    assert stored_sessions(db_path) == [
+        (start, start + 4 * minute, 4, 0, 1, 4),
+        (start, start, 1, 0, 1, 1),
+        (start + 1 * minute, start + 1 * minute, 1, 0, 1, 1),
+        (start + 3 * minute, start + 3 * minute, 1, 0, 1, 1),
+        (start + 5 * minute, start + 5 * minute, 1, 0, 1, 1)]
+    assert count(db_path) == 11
+    assert count(db_path, "SELECT count(*) FROM visitor_identities") == 3
+    assert count(db_path, "SELECT events FROM monthly_usage") == 8
+
+
+def test_the_flush_prepares_nothing_when_prepared_statements_are_off(store, db_path):
+    if store.dialect != "postgres":
+        pytest.skip("sqlite3 keeps every connection's statements prepared")
+    from storage.backend import open_database
+
+    unprepared = open_database(config_for(db_path, database_prepared=False))
+    try:
+        flusher = make_flusher(unprepared)
+        for minute in range(3):
+            assert flusher.submit(visit(minute))
+            assert flusher.flush_now(timeout=WAIT)
+        assert flusher._conn.raw.prepare_threshold is None
+        assert prepared_statements(flusher) == 0
+        flusher.stop(timeout=5)
+    finally:
+        unprepared.close()
+    assert stored_sessions(db_path)[0][2] == 3
 
 
 def test_the_quota_check_never_waits_for_a_commit(store, db_path, monkeypatch):
