@@ -32,7 +32,8 @@ import orjson
 
 from storage.browser_ids import browser_id_key, browser_visitor_id, is_browser_id
 from storage.db import Database, StorageBusy, StorageError, is_transient
-from storage.statements import statement
+from storage.dialect import dialect
+from storage.statements import native, statement
 from validation.common import decimal_text
 from validation.payment import Customer, Instant, Payment, Subscription
 
@@ -118,6 +119,55 @@ _DELETE_OBSERVATION_OF_PAYMENT = statement(
     "DELETE FROM subscription_observations WHERE site_id = ? AND payment_id = ?")
 
 
+# PostgreSQL does the five statements above in one (a payment's observation replaced, the
+# subscription it moves off and the one it is on refreshed), each sub-statement reading
+# the state before the statement: what the payment's old observation would have given is
+# excluded by payment_id, and the new one joins its subscription's observations by UNION.
+# The previous subscription is looked up once (the observation the DELETE returns), where
+# the separate statements looked it up twice and scanned subscriptions by site for the
+# DELETE when the planner had no statistics. ?1 site, ?2 payment, ?3 its subscription
+# (NULL: none), ?4 now; with a subscription, ?5.. its SUBSCRIPTION_STATE.
+_OLD_OBSERVATION = (
+    "old AS (DELETE FROM subscription_observations WHERE site_id = ?1 AND payment_id = ?2"
+    " RETURNING subscription_id),"
+    " previous AS (SELECT subscription_id FROM old WHERE ?3 IS NULL OR subscription_id <> ?3),"
+    " previous_latest AS (SELECT l.* FROM previous CROSS JOIN LATERAL"
+    f" (SELECT o.site_id, {_OBSERVED_COLUMNS} FROM subscription_observations o"
+    "  WHERE o.site_id = ?1 AND o.subscription_id = previous.subscription_id"
+    "  AND (o.payment_id IS NULL OR o.payment_id <> ?2)"
+    "  ORDER BY o.effective_at_ms DESC, o.id DESC LIMIT 1) l),"
+    f" previous_refreshed AS (INSERT INTO subscriptions (site_id, {_STATE_COLUMNS}, updated_at)"
+    f"  SELECT site_id, {_STATE_COLUMNS}, ?4 FROM previous_latest"
+    f"  ON CONFLICT (site_id, subscription_id) DO UPDATE SET {_SUBSCRIPTION_COPY},"
+    "  updated_at = excluded.updated_at RETURNING 1)"
+)
+_MOVE_OFF_OBSERVATION = native("postgres", (
+    f"WITH {_OLD_OBSERVATION}"  # noqa: S608 - fixed columns
+    " DELETE FROM subscriptions s USING previous"
+    " WHERE s.site_id = ?1 AND s.subscription_id = previous.subscription_id"
+    " AND NOT EXISTS (SELECT 1 FROM previous_latest)"))
+_NEW_STATE_MARKS = ", ".join(f"?{n}" for n in range(5, 5 + len(SUBSCRIPTION_STATE)))
+_REPLACE_OBSERVATION = native("postgres", (
+    f"WITH {_OLD_OBSERVATION},"  # noqa: S608 - fixed columns
+    " previous_deleted AS (DELETE FROM subscriptions s USING previous"
+    "  WHERE s.site_id = ?1 AND s.subscription_id = previous.subscription_id"
+    "  AND NOT EXISTS (SELECT 1 FROM previous_latest) RETURNING 1),"
+    # After the old observation's DELETE (the unique key (site_id, payment_id)).
+    f" new AS (INSERT INTO subscription_observations (site_id, {_STATE_COLUMNS}, received_at)"
+    f"  SELECT ?1, {_NEW_STATE_MARKS}, ?4 FROM (SELECT count(*) FROM old) AS deleted"
+    f"  RETURNING id, site_id, {_STATE_COLUMNS}),"
+    f" latest AS (SELECT site_id, {_STATE_COLUMNS} FROM"
+    f"  (SELECT o.id, o.site_id, {_OBSERVED_COLUMNS} FROM subscription_observations o"
+    "   WHERE o.site_id = ?1 AND o.subscription_id = ?3"
+    "   AND (o.payment_id IS NULL OR o.payment_id <> ?2)"
+    f"   UNION ALL SELECT id, site_id, {_STATE_COLUMNS} FROM new) l"
+    "  ORDER BY effective_at_ms DESC, id DESC LIMIT 1)"
+    f" INSERT INTO subscriptions (site_id, {_STATE_COLUMNS}, updated_at)"
+    f" SELECT site_id, {_STATE_COLUMNS}, ?4 FROM latest"
+    f" ON CONFLICT (site_id, subscription_id) DO UPDATE SET {_SUBSCRIPTION_COPY},"
+    " updated_at = excluded.updated_at"))
+
+
 # The most payments one group transaction takes: bounds how long the write lock is held
 # (about 0.3 ms of statements a payment) while the rest wait for the next group.
 MAX_GROUP = 256
@@ -156,6 +206,14 @@ class PaymentStore:
         subscription = payment.subscription
         # The payment's observation becomes its new subscription block (or none); the
         # subscriptions it moves off and onto are copies of their latest observations.
+        if dialect(conn) == "postgres":
+            if subscription is None:
+                conn.execute(_MOVE_OFF_OBSERVATION, (site_id, payment.payment_id, None, now_ms))
+            else:
+                conn.execute(_REPLACE_OBSERVATION, (
+                    site_id, payment.payment_id, subscription.id, now_ms,
+                    *_subscription_state(payment, subscription)))
+            return
         previous = (site_id, payment.payment_id, subscription.id if subscription else None)
         conn.execute(_REFRESH_PREVIOUS_SUBSCRIPTION, (*previous, now_ms))
         conn.execute(_DELETE_PREVIOUS_SUBSCRIPTION, previous)
