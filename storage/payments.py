@@ -119,16 +119,42 @@ _DELETE_OBSERVATION_OF_PAYMENT = statement(
     "DELETE FROM subscription_observations WHERE site_id = ? AND payment_id = ?")
 
 
-# PostgreSQL does the five statements above in one (a payment's observation replaced, the
-# subscription it moves off and the one it is on refreshed), each sub-statement reading
-# the state before the statement: what the payment's old observation would have given is
-# excluded by payment_id, and the new one joins its subscription's observations by UNION.
-# The previous subscription is looked up once (the observation the DELETE returns), where
-# the separate statements looked it up twice and scanned subscriptions by site for the
-# DELETE when the planner had no statistics. ?1 site, ?2 payment, ?3 its subscription
-# (NULL: none), ?4 now; with a subscription, ?5.. its SUBSCRIPTION_STATE.
-_OLD_OBSERVATION = (
-    "old AS (DELETE FROM subscription_observations WHERE site_id = ?1 AND payment_id = ?2"
+# On PostgreSQL a payment is one statement: the customer's and the payment's upserts, the
+# payment's observation replaced, the subscription it moves off and the one it is on
+# refreshed, as the statements above do one after another. Each sub-statement reads the
+# state before the statement: the payment's old observation is excluded by payment_id,
+# the new one joins its subscription's observations by UNION, and the foreign keys and
+# triggers are checked at the statement's end. The previous subscription is found once
+# (the observation the DELETE returns), where the statements above look it up twice and
+# their DELETE scanned the site's subscriptions when the planner had no statistics.
+# ?1 site, ?2 payment_id, ?3 its subscription (NULL: none), ?4 now; the customer's
+# columns from ?5, the payment's from ?13, the subscription's SUBSCRIPTION_STATE from ?21.
+_PG_CUSTOMER_COLUMNS = ("customer_id", *_MERGED_CUSTOMER_COLUMNS, "as_of_ms")
+_PG_PAYMENT_COLUMNS = ("amount", "currency", "fee", "kind", "status", "paid_at", "paid_at_ms",
+                       "metadata")
+_PG_STATE_FIRST = 5 + len(_PG_CUSTOMER_COLUMNS) + len(_PG_PAYMENT_COLUMNS)
+
+
+def _marks(first: int, count: int) -> str:
+    return ", ".join(f"?{n}" for n in range(first, first + count))
+
+
+# sql-safe: identifiers from the fixed tuples above; values stay parameters
+_PG_PAYMENT = (
+    f"customer AS (INSERT INTO customers (site_id, {', '.join(_PG_CUSTOMER_COLUMNS)},"  # noqa: S608
+    f" created_at, updated_at) VALUES (?1, {_marks(5, len(_PG_CUSTOMER_COLUMNS))}, ?4, ?4)"
+    " ON CONFLICT (site_id, customer_id) DO UPDATE SET "
+    + ", ".join(_MERGE_CUSTOMER_COLUMN.format(c=column) for column in _MERGED_CUSTOMER_COLUMNS)
+    + ", as_of_ms = greatest(customers.as_of_ms, excluded.as_of_ms),"  # noqa: S608
+    " updated_at = excluded.updated_at RETURNING 1),"
+    " payment AS (INSERT INTO payments (site_id, payment_id, customer_id,"
+    f" {', '.join(_PG_PAYMENT_COLUMNS)}, subscription_id, created_at, updated_at)"  # noqa: S608
+    f" VALUES (?1, ?2, ?5, {_marks(13, len(_PG_PAYMENT_COLUMNS))}, ?3, ?4, ?4)"
+    " ON CONFLICT (site_id, payment_id) DO UPDATE SET customer_id = excluded.customer_id, "  # noqa: S608
+    + ", ".join(f"{column} = excluded.{column}" for column in _PG_PAYMENT_COLUMNS)
+    + ", subscription_id = excluded.subscription_id, updated_at = excluded.updated_at"  # noqa: S608
+    " RETURNING 1),"
+    " old AS (DELETE FROM subscription_observations WHERE site_id = ?1 AND payment_id = ?2"
     " RETURNING subscription_id),"
     " previous AS (SELECT subscription_id FROM old WHERE ?3 IS NULL OR subscription_id <> ?3),"
     " previous_latest AS (SELECT l.* FROM previous CROSS JOIN LATERAL"
@@ -141,20 +167,20 @@ _OLD_OBSERVATION = (
     f"  ON CONFLICT (site_id, subscription_id) DO UPDATE SET {_SUBSCRIPTION_COPY},"
     "  updated_at = excluded.updated_at RETURNING 1)"
 )
-_MOVE_OFF_OBSERVATION = native("postgres", (
-    f"WITH {_OLD_OBSERVATION}"  # noqa: S608 - fixed columns
+_PG_PAYMENT_WITHOUT_SUBSCRIPTION = native("postgres", (
+    f"WITH {_PG_PAYMENT}"  # noqa: S608 - fixed columns
     " DELETE FROM subscriptions s USING previous"
     " WHERE s.site_id = ?1 AND s.subscription_id = previous.subscription_id"
     " AND NOT EXISTS (SELECT 1 FROM previous_latest)"))
-_NEW_STATE_MARKS = ", ".join(f"?{n}" for n in range(5, 5 + len(SUBSCRIPTION_STATE)))
-_REPLACE_OBSERVATION = native("postgres", (
-    f"WITH {_OLD_OBSERVATION},"  # noqa: S608 - fixed columns
+_PG_PAYMENT_WITH_SUBSCRIPTION = native("postgres", (
+    f"WITH {_PG_PAYMENT},"  # noqa: S608 - fixed columns
     " previous_deleted AS (DELETE FROM subscriptions s USING previous"
     "  WHERE s.site_id = ?1 AND s.subscription_id = previous.subscription_id"
     "  AND NOT EXISTS (SELECT 1 FROM previous_latest) RETURNING 1),"
     # After the old observation's DELETE (the unique key (site_id, payment_id)).
     f" new AS (INSERT INTO subscription_observations (site_id, {_STATE_COLUMNS}, received_at)"
-    f"  SELECT ?1, {_NEW_STATE_MARKS}, ?4 FROM (SELECT count(*) FROM old) AS deleted"
+    f"  SELECT ?1, {_marks(_PG_STATE_FIRST, len(SUBSCRIPTION_STATE))}, ?4"
+    "  FROM (SELECT count(*) FROM old) AS deleted"
     f"  RETURNING id, site_id, {_STATE_COLUMNS}),"
     f" latest AS (SELECT site_id, {_STATE_COLUMNS} FROM"
     f"  (SELECT o.id, o.site_id, {_OBSERVED_COLUMNS} FROM subscription_observations o"
@@ -193,27 +219,33 @@ class PaymentStore:
     @classmethod
     def write(cls, conn: sqlite3.Connection, site_id: int, payment: Payment, now_ms: int) -> None:
         """upsert's writes, inside a transaction the caller holds (the Stripe webhook's).
-        Nothing is read back (but a browser id's key): on PostgreSQL the statements go out
-        pipelined and a payment waits on no result of its own."""
-        write_customer(conn, site_id, payment.customer, payment.paid_at.unix_ms, now_ms)
+        Nothing is read back (but a browser id's key): on PostgreSQL one statement (sent
+        pipelined by the payment writer), on SQLite the five to seven below."""
+        customer = payment.customer
+        visitor = visitor_id_to_store(conn, site_id, customer.visitor_id, now_ms)
+        subscription = payment.subscription
+        payment_row = (
+            decimal_text(payment.amount), payment.currency, _money_text(payment.fee),
+            payment.kind, payment.status, payment.paid_at.text, payment.paid_at.unix_ms,
+            _json_text(payment.metadata))
+        if dialect(conn) == "postgres":
+            conn.execute(
+                _PG_PAYMENT_WITHOUT_SUBSCRIPTION if subscription is None
+                else _PG_PAYMENT_WITH_SUBSCRIPTION,
+                (site_id, payment.payment_id, subscription.id if subscription else None, now_ms,
+                 customer.id, customer.email, customer.user_id, visitor, customer.name,
+                 customer.country, _json_text(customer.metadata), payment.paid_at.unix_ms,
+                 *payment_row,
+                 *(() if subscription is None else _subscription_state(payment, subscription))))
+            return
+        _upsert_customer(conn, site_id, customer, visitor, payment.paid_at.unix_ms, now_ms)
         conn.execute(
             _UPSERT_PAYMENT,
-            (site_id, payment.payment_id, payment.customer.id, decimal_text(payment.amount),
-             payment.currency, _money_text(payment.fee), payment.kind, payment.status,
-             payment.paid_at.text, payment.paid_at.unix_ms, _json_text(payment.metadata),
-             payment.subscription.id if payment.subscription else None, now_ms, now_ms),
+            (site_id, payment.payment_id, customer.id, *payment_row,
+             subscription.id if subscription else None, now_ms, now_ms),
         )
-        subscription = payment.subscription
         # The payment's observation becomes its new subscription block (or none); the
         # subscriptions it moves off and onto are copies of their latest observations.
-        if dialect(conn) == "postgres":
-            if subscription is None:
-                conn.execute(_MOVE_OFF_OBSERVATION, (site_id, payment.payment_id, None, now_ms))
-            else:
-                conn.execute(_REPLACE_OBSERVATION, (
-                    site_id, payment.payment_id, subscription.id, now_ms,
-                    *_subscription_state(payment, subscription)))
-            return
         previous = (site_id, payment.payment_id, subscription.id if subscription else None)
         conn.execute(_REFRESH_PREVIOUS_SUBSCRIPTION, (*previous, now_ms))
         conn.execute(_DELETE_PREVIOUS_SUBSCRIPTION, previous)
@@ -411,10 +443,22 @@ def write_customer(conn: sqlite3.Connection, site_id: int, customer: Customer, a
     ones win; older ones only fill empty fields. A visitor_id that is the tracking script's
     tally_vid is stored as the visitor id (decimal) its events carry; `random_bytes` makes
     the browser id key if none exists yet."""
-    visitor = customer.visitor_id
+    visitor = visitor_id_to_store(conn, site_id, customer.visitor_id, now_ms, random_bytes)
+    _upsert_customer(conn, site_id, customer, visitor, as_of_ms, now_ms)
+
+
+def visitor_id_to_store(conn: sqlite3.Connection, site_id: int, visitor: str | None, now_ms: int,
+                        random_bytes: Callable[[int], bytes] = secrets.token_bytes) -> str | None:
+    """A customer's visitor_id as stored: a tally_vid as the visitor id (decimal) its events
+    carry (`random_bytes` makes the browser id key if none exists yet), else as given."""
     if is_browser_id(visitor):
         key = browser_id_key(conn, random_bytes, now_ms)
-        visitor = str(browser_visitor_id(key, site_id, visitor))
+        return str(browser_visitor_id(key, site_id, visitor))
+    return visitor
+
+
+def _upsert_customer(conn: sqlite3.Connection, site_id: int, customer: Customer,
+                     visitor: str | None, as_of_ms: int, now_ms: int) -> None:
     conn.execute(
         _UPSERT_CUSTOMER,
         (site_id, customer.id, customer.email, customer.user_id, visitor,
