@@ -10,10 +10,11 @@ holding the locks of their sites only), each inside a SAVEPOINT of its own (a pa
 that fails is rolled back alone and only its request sees the error), and answers each
 request once the COMMIT is durable. One lock wait, one commit and one log flush then
 serve all the payments that arrived meanwhile, instead of one each. On PostgreSQL a
-payment reads nothing back, so the group goes in one pipeline read back once, without
-SAVEPOINTs, and only a group in which a payment failed runs again a SAVEPOINT and a Sync
-each (PostgresDatabase.grouped_transaction); the writer's connection prepares its
-statements, and a group that a deadlock or serialization failure ended runs again.
+payment is one statement that reads nothing back, so the group goes in one pipeline
+read back once, without SAVEPOINTs, and only a group in which a payment failed runs
+again a SAVEPOINT and a Sync each (PostgresDatabase.grouped_transaction); the writer's
+connection prepares its statements, and a group that a deadlock or serialization
+failure ended runs again.
 """
 
 from __future__ import annotations
