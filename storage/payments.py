@@ -142,18 +142,18 @@ def _marks(first: int, count: int) -> str:
 
 # sql-safe: identifiers from the fixed tuples above; values stay parameters
 _PG_PAYMENT = (
-    f"customer AS (INSERT INTO customers (site_id, {', '.join(_PG_CUSTOMER_COLUMNS)},"  # noqa: S608
+    f"customer AS (INSERT INTO customers (site_id, {', '.join(_PG_CUSTOMER_COLUMNS)},"  # noqa: S608 - fixed columns
     f" created_at, updated_at) VALUES (?1, {_marks(5, len(_PG_CUSTOMER_COLUMNS))}, ?4, ?4)"
     " ON CONFLICT (site_id, customer_id) DO UPDATE SET "
     + ", ".join(_MERGE_CUSTOMER_COLUMN.format(c=column) for column in _MERGED_CUSTOMER_COLUMNS)
-    + ", as_of_ms = greatest(customers.as_of_ms, excluded.as_of_ms),"  # noqa: S608
+    + ", as_of_ms = greatest(customers.as_of_ms, excluded.as_of_ms),"  # noqa: S608 - fixed columns
     " updated_at = excluded.updated_at RETURNING 1),"
     " payment AS (INSERT INTO payments (site_id, payment_id, customer_id,"
-    f" {', '.join(_PG_PAYMENT_COLUMNS)}, subscription_id, created_at, updated_at)"  # noqa: S608
+    f" {', '.join(_PG_PAYMENT_COLUMNS)}, subscription_id, created_at, updated_at)"  # noqa: S608 - fixed columns
     f" VALUES (?1, ?2, ?5, {_marks(13, len(_PG_PAYMENT_COLUMNS))}, ?3, ?4, ?4)"
-    " ON CONFLICT (site_id, payment_id) DO UPDATE SET customer_id = excluded.customer_id, "  # noqa: S608
+    " ON CONFLICT (site_id, payment_id) DO UPDATE SET customer_id = excluded.customer_id, "  # noqa: S608 - fixed columns
     + ", ".join(f"{column} = excluded.{column}" for column in _PG_PAYMENT_COLUMNS)
-    + ", subscription_id = excluded.subscription_id, updated_at = excluded.updated_at"  # noqa: S608
+    + ", subscription_id = excluded.subscription_id, updated_at = excluded.updated_at"  # noqa: S608 - fixed columns
     " RETURNING 1),"
     " old AS (DELETE FROM subscription_observations WHERE site_id = ?1 AND payment_id = ?2"
     " RETURNING subscription_id),"

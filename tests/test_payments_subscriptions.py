@@ -69,13 +69,13 @@ def assert_consistent(db_path: str, written: dict[str, dict]) -> None:
          "status": one["subscription"]["status"]}
         for payment_id, one in sorted(written.items()) if "subscription" in one]
     columns = ", ".join(SUBSCRIPTION_STATE)
-    latest = rows(db_path, f"SELECT {columns} FROM subscription_observations o"  # noqa: S608
+    latest = rows(db_path, f"SELECT {columns} FROM subscription_observations o"  # noqa: S608 - fixed columns
                            " WHERE NOT EXISTS (SELECT 1 FROM subscription_observations n"
                            "  WHERE n.site_id = o.site_id AND n.subscription_id = o.subscription_id"
                            "  AND (n.effective_at_ms > o.effective_at_ms OR"
                            "   (n.effective_at_ms = o.effective_at_ms AND n.id > o.id)))"
                            " ORDER BY subscription_id")
-    stored = rows(db_path, f"SELECT {columns} FROM subscriptions ORDER BY subscription_id")  # noqa: S608
+    stored = rows(db_path, f"SELECT {columns} FROM subscriptions ORDER BY subscription_id")  # noqa: S608 - fixed columns
     assert stored == latest
 
 
