@@ -13,10 +13,10 @@ one commit and one log flush then serve all the payments that arrived meanwhile,
 instead of one each. On SQLite the group goes under one SAVEPOINT and only a group in
 which a payment failed runs again with a SAVEPOINT each (storage.db.grouped_transaction),
 and a payment reads back the observation it replaces (five statements for most
-payments, where PostgreSQL's pipeline sends seven). On PostgreSQL a
-payment reads nothing back, so the group goes in one pipeline read back once, without
-SAVEPOINTs, and only a group in which a payment failed runs again a SAVEPOINT and a Sync
-each (PostgresDatabase.grouped_transaction); the writer's connection prepares its
+payments). On PostgreSQL a payment is one statement that reads nothing back, so the
+group goes in one pipeline read back once, without SAVEPOINTs, and only a group in which
+a payment failed runs again a SAVEPOINT and a Sync each
+(PostgresDatabase.grouped_transaction); the writer's connection prepares its
 statements, and a group that a deadlock or serialization failure ended runs again.
 """
 
@@ -96,34 +96,9 @@ _REFRESH_SUBSCRIPTION = statement(
     f" ON CONFLICT (site_id, subscription_id) DO UPDATE SET {_SUBSCRIPTION_COPY},"
     " updated_at = excluded.updated_at"
 )
-# Before a payment's observation is replaced: the subscription it was observing, when
-# that is not the payment's subscription now (?3, or none), becomes a copy of its latest
-# other observation, or goes when it has none left.
-_PREVIOUS_SUBSCRIPTION = (
-    "(SELECT p.subscription_id FROM subscription_observations p"
-    " WHERE p.site_id = ?1 AND p.payment_id = ?2 AND (?3 IS NULL OR p.subscription_id <> ?3))")
-_REFRESH_PREVIOUS_SUBSCRIPTION = statement(
-    f"INSERT INTO subscriptions (site_id, {_STATE_COLUMNS}, updated_at)"  # noqa: S608 - fixed columns
-    f" SELECT o.site_id, {_OBSERVED_COLUMNS}, ?4 FROM subscription_observations o"
-    f" WHERE o.site_id = ?1 AND o.subscription_id = {_PREVIOUS_SUBSCRIPTION}"
-    " AND (o.payment_id IS NULL OR o.payment_id <> ?2)"
-    " ORDER BY o.effective_at_ms DESC, o.id DESC LIMIT 1"
-    # sql-safe: identifiers from the fixed tuple SUBSCRIPTION_STATE
-    f" ON CONFLICT (site_id, subscription_id) DO UPDATE SET {_SUBSCRIPTION_COPY},"
-    " updated_at = excluded.updated_at"
-)
-_DELETE_PREVIOUS_SUBSCRIPTION = statement(
-    "DELETE FROM subscriptions WHERE site_id = ?1"  # noqa: S608 - fixed text
-    f" AND subscription_id = {_PREVIOUS_SUBSCRIPTION}"
-    " AND NOT EXISTS (SELECT 1 FROM subscription_observations o WHERE o.site_id = ?1"
-    " AND o.subscription_id = subscriptions.subscription_id"
-    " AND (o.payment_id IS NULL OR o.payment_id <> ?2))"
-)
-_DELETE_OBSERVATION_OF_PAYMENT = statement(
-    "DELETE FROM subscription_observations WHERE site_id = ? AND payment_id = ?")
 # SQLite's writer reads back, so it learns the payment's previous subscription from the
-# observation it replaces: one statement where PostgreSQL's pipeline runs three, and the
-# previous subscription's two only when the payment moves off it.
+# observation it replaces, and refreshes or deletes that subscription only when the
+# payment moves off it.
 _TAKE_OBSERVATION_OF_PAYMENT = native(
     "sqlite",
     "DELETE FROM subscription_observations WHERE site_id = ? AND payment_id = ?"
@@ -133,6 +108,80 @@ _DELETE_UNOBSERVED_SUBSCRIPTION = native(
     "DELETE FROM subscriptions WHERE site_id = ?1 AND subscription_id = ?2"
     " AND NOT EXISTS (SELECT 1 FROM subscription_observations o WHERE o.site_id = ?1"
     " AND o.subscription_id = ?2)")
+
+
+# On PostgreSQL a payment is one statement: the customer's and the payment's upserts, the
+# payment's observation replaced, the subscription it moves off and the one it is on
+# refreshed, as SQLite's statements do one after another. Each sub-statement reads the
+# state before the statement: the payment's old observation is excluded by payment_id,
+# the new one joins its subscription's observations by UNION, and the foreign keys and
+# triggers are checked at the statement's end. The previous subscription is found once
+# (the observation the DELETE returns; nothing runs for it when there is none).
+# ?1 site, ?2 payment_id, ?3 its subscription (NULL: none), ?4 now; the customer's
+# columns from ?5, the payment's from ?13, the subscription's SUBSCRIPTION_STATE from ?21.
+_PG_CUSTOMER_COLUMNS = ("customer_id", *_MERGED_CUSTOMER_COLUMNS, "as_of_ms")
+_PG_PAYMENT_COLUMNS = ("amount", "currency", "fee", "kind", "status", "paid_at", "paid_at_ms",
+                       "metadata")
+_PG_STATE_FIRST = 5 + len(_PG_CUSTOMER_COLUMNS) + len(_PG_PAYMENT_COLUMNS)
+
+
+def _marks(first: int, count: int) -> str:
+    return ", ".join(f"?{n}" for n in range(first, first + count))
+
+
+# sql-safe: identifiers from the fixed tuples above; values stay parameters
+_PG_PAYMENT = (
+    f"customer AS (INSERT INTO customers (site_id, {', '.join(_PG_CUSTOMER_COLUMNS)},"  # noqa: S608 - fixed columns
+    f" created_at, updated_at) VALUES (?1, {_marks(5, len(_PG_CUSTOMER_COLUMNS))}, ?4, ?4)"
+    " ON CONFLICT (site_id, customer_id) DO UPDATE SET "
+    + ", ".join(_MERGE_CUSTOMER_COLUMN.format(c=column) for column in _MERGED_CUSTOMER_COLUMNS)
+    + ", as_of_ms = greatest(customers.as_of_ms, excluded.as_of_ms),"  # noqa: S608 - fixed columns
+    " updated_at = excluded.updated_at RETURNING 1),"
+    " payment AS (INSERT INTO payments (site_id, payment_id, customer_id,"
+    f" {', '.join(_PG_PAYMENT_COLUMNS)}, subscription_id, created_at, updated_at)"  # noqa: S608 - fixed columns
+    f" VALUES (?1, ?2, ?5, {_marks(13, len(_PG_PAYMENT_COLUMNS))}, ?3, ?4, ?4)"
+    " ON CONFLICT (site_id, payment_id) DO UPDATE SET customer_id = excluded.customer_id, "  # noqa: S608 - fixed columns
+    + ", ".join(f"{column} = excluded.{column}" for column in _PG_PAYMENT_COLUMNS)
+    + ", subscription_id = excluded.subscription_id, updated_at = excluded.updated_at"  # noqa: S608 - fixed columns
+    " RETURNING 1),"
+    " old AS (DELETE FROM subscription_observations WHERE site_id = ?1 AND payment_id = ?2"
+    " RETURNING subscription_id),"
+    " previous AS (SELECT subscription_id FROM old WHERE ?3 IS NULL OR subscription_id <> ?3),"
+    " previous_latest AS (SELECT l.* FROM previous CROSS JOIN LATERAL"
+    f" (SELECT o.site_id, {_OBSERVED_COLUMNS} FROM subscription_observations o"
+    "  WHERE o.site_id = ?1 AND o.subscription_id = previous.subscription_id"
+    "  AND (o.payment_id IS NULL OR o.payment_id <> ?2)"
+    "  ORDER BY o.effective_at_ms DESC, o.id DESC LIMIT 1) l),"
+    f" previous_refreshed AS (INSERT INTO subscriptions (site_id, {_STATE_COLUMNS}, updated_at)"
+    f"  SELECT site_id, {_STATE_COLUMNS}, ?4 FROM previous_latest"
+    f"  ON CONFLICT (site_id, subscription_id) DO UPDATE SET {_SUBSCRIPTION_COPY},"
+    "  updated_at = excluded.updated_at RETURNING 1)"
+)
+_PG_PAYMENT_WITHOUT_SUBSCRIPTION = native("postgres", (
+    f"WITH {_PG_PAYMENT}"  # noqa: S608 - fixed columns
+    " DELETE FROM subscriptions s USING previous"
+    " WHERE s.site_id = ?1 AND s.subscription_id = previous.subscription_id"
+    " AND NOT EXISTS (SELECT 1 FROM previous_latest)"))
+_PG_PAYMENT_WITH_SUBSCRIPTION = native("postgres", (
+    f"WITH {_PG_PAYMENT},"  # noqa: S608 - fixed columns
+    " previous_deleted AS (DELETE FROM subscriptions s USING previous"
+    "  WHERE s.site_id = ?1 AND s.subscription_id = previous.subscription_id"
+    "  AND NOT EXISTS (SELECT 1 FROM previous_latest) RETURNING 1),"
+    # After the old observation's DELETE (the unique key (site_id, payment_id)).
+    f" new AS (INSERT INTO subscription_observations (site_id, {_STATE_COLUMNS}, received_at)"
+    f"  SELECT ?1, {_marks(_PG_STATE_FIRST, len(SUBSCRIPTION_STATE))}, ?4"
+    "  FROM (SELECT count(*) FROM old) AS deleted"
+    f"  RETURNING id, site_id, {_STATE_COLUMNS}),"
+    f" latest AS (SELECT site_id, {_STATE_COLUMNS} FROM"
+    f"  (SELECT o.id, o.site_id, {_OBSERVED_COLUMNS} FROM subscription_observations o"
+    "   WHERE o.site_id = ?1 AND o.subscription_id = ?3"
+    "   AND (o.payment_id IS NULL OR o.payment_id <> ?2)"
+    f"   UNION ALL SELECT id, site_id, {_STATE_COLUMNS} FROM new) l"
+    "  ORDER BY effective_at_ms DESC, id DESC LIMIT 1)"
+    f" INSERT INTO subscriptions (site_id, {_STATE_COLUMNS}, updated_at)"
+    f" SELECT site_id, {_STATE_COLUMNS}, ?4 FROM latest"
+    f" ON CONFLICT (site_id, subscription_id) DO UPDATE SET {_SUBSCRIPTION_COPY},"
+    " updated_at = excluded.updated_at"))
 
 
 # The most payments one group transaction takes: bounds how long the write lock is held
@@ -160,39 +209,34 @@ class PaymentStore:
     @classmethod
     def write(cls, conn: sqlite3.Connection, site_id: int, payment: Payment, now_ms: int) -> None:
         """upsert's writes, inside a transaction the caller holds (the Stripe webhook's).
-        On PostgreSQL nothing is read back (but a browser id's key): the statements go out
-        pipelined and a payment waits on no result of its own. On SQLite, where a result
-        costs no round trip, the observation a payment replaces is read back, so a payment
-        that keeps its subscription runs five statements rather than seven."""
-        write_customer(conn, site_id, payment.customer, payment.paid_at.unix_ms, now_ms)
+        On PostgreSQL one statement that reads nothing back (but a browser id's key), sent
+        pipelined by the payment writer. On SQLite, where a result costs no round trip, the
+        observation a payment replaces is read back, so a payment that keeps its
+        subscription runs five statements rather than seven."""
+        customer = payment.customer
+        visitor = visitor_id_to_store(conn, site_id, customer.visitor_id, now_ms)
+        subscription = payment.subscription
+        payment_row = (
+            decimal_text(payment.amount), payment.currency, _money_text(payment.fee),
+            payment.kind, payment.status, payment.paid_at.text, payment.paid_at.unix_ms,
+            _json_text(payment.metadata))
+        if dialect(conn) == "postgres":
+            conn.execute(
+                _PG_PAYMENT_WITHOUT_SUBSCRIPTION if subscription is None
+                else _PG_PAYMENT_WITH_SUBSCRIPTION,
+                (site_id, payment.payment_id, subscription.id if subscription else None, now_ms,
+                 customer.id, customer.email, customer.user_id, visitor, customer.name,
+                 customer.country, _json_text(customer.metadata), payment.paid_at.unix_ms,
+                 *payment_row,
+                 *(() if subscription is None else _subscription_state(payment, subscription))))
+            return
+        _upsert_customer(conn, site_id, customer, visitor, payment.paid_at.unix_ms, now_ms)
         conn.execute(
             _UPSERT_PAYMENT,
-            (site_id, payment.payment_id, payment.customer.id, decimal_text(payment.amount),
-             payment.currency, _money_text(payment.fee), payment.kind, payment.status,
-             payment.paid_at.text, payment.paid_at.unix_ms, _json_text(payment.metadata),
-             payment.subscription.id if payment.subscription else None, now_ms, now_ms),
+            (site_id, payment.payment_id, customer.id, *payment_row,
+             subscription.id if subscription else None, now_ms, now_ms),
         )
-        if dialect(conn) == "sqlite":
-            _write_observation_reading_back(conn, site_id, payment, now_ms)
-        else:
-            _write_observation_pipelined(conn, site_id, payment, now_ms)
-
-
-def _write_observation_pipelined(conn, site_id: int, payment: Payment, now_ms: int) -> None:
-    """PaymentStore.write's observation and subscriptions reading nothing back (PostgreSQL's
-    pipeline): the payment's observation becomes its new subscription block (or none); the
-    subscriptions it moves off and onto are copies of their latest observations."""
-    subscription = payment.subscription
-    previous = (site_id, payment.payment_id, subscription.id if subscription else None)
-    conn.execute(_REFRESH_PREVIOUS_SUBSCRIPTION, (*previous, now_ms))
-    conn.execute(_DELETE_PREVIOUS_SUBSCRIPTION, previous)
-    conn.execute(_DELETE_OBSERVATION_OF_PAYMENT, (site_id, payment.payment_id))
-    if subscription is not None:
-        conn.execute(
-            _INSERT_OBSERVATION,
-            (site_id, *_subscription_state(payment, subscription), now_ms),
-        )
-        refresh_subscription(conn, site_id, subscription.id, now_ms)
+        _write_observation_reading_back(conn, site_id, payment, now_ms)
 
 
 def _write_observation_reading_back(conn: sqlite3.Connection, site_id: int, payment: Payment,
@@ -415,10 +459,22 @@ def write_customer(conn: sqlite3.Connection, site_id: int, customer: Customer, a
     ones win; older ones only fill empty fields. A visitor_id that is the tracking script's
     tally_vid is stored as the visitor id (decimal) its events carry; `random_bytes` makes
     the browser id key if none exists yet."""
-    visitor = customer.visitor_id
+    visitor = visitor_id_to_store(conn, site_id, customer.visitor_id, now_ms, random_bytes)
+    _upsert_customer(conn, site_id, customer, visitor, as_of_ms, now_ms)
+
+
+def visitor_id_to_store(conn: sqlite3.Connection, site_id: int, visitor: str | None, now_ms: int,
+                        random_bytes: Callable[[int], bytes] = secrets.token_bytes) -> str | None:
+    """A customer's visitor_id as stored: a tally_vid as the visitor id (decimal) its events
+    carry (`random_bytes` makes the browser id key if none exists yet), else as given."""
     if is_browser_id(visitor):
         key = browser_id_key(conn, random_bytes, now_ms)
-        visitor = str(browser_visitor_id(key, site_id, visitor))
+        return str(browser_visitor_id(key, site_id, visitor))
+    return visitor
+
+
+def _upsert_customer(conn: sqlite3.Connection, site_id: int, customer: Customer,
+                     visitor: str | None, as_of_ms: int, now_ms: int) -> None:
     conn.execute(
         _UPSERT_CUSTOMER,
         (site_id, customer.id, customer.email, customer.user_id, visitor,
