@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -260,10 +261,13 @@ def test_goal_conversions_match_the_reference(site_traffic, goal, predicate, raw
         str(round(aggregate["conversions"] / aggregate["visitors"], 4)))
 
 
-def reference_breakdown(by: str, filters, goal=None) -> list[tuple]:
-    """(value, visitors, pageviews, events[, conversions, goal_events]) for an event dimension."""
+def reference_breakdown(by: str, filters, goal=None, days=None) -> list[tuple]:
+    """(value, visitors, pageviews, events[, conversions, goal_events]) for an event dimension
+    (over the visits of `days`, day numbers from FIRST_DAY; all of them by default)."""
     rows: dict = {}
     for visit in VISITS:
+        if days is not None and visit["day"] not in days:
+            continue
         if not all(f(visit[k]) for k, f in filters if k in SESSION_KEYS):
             continue
         all_events = visit_events(visit)
@@ -347,6 +351,23 @@ def test_final_days_of_a_segment_are_stored_and_read_back(site_traffic):
     assert site_traffic.data(pages, at=later) == first_pages
     assert site_traffic.data(f"/api/v1/stats/aggregate?{RANGE}&filters=source==Bing",
                              at=later)["visitors"] == 0
+
+
+@pytest.mark.parametrize("by", ["page", "device"])
+def test_a_breakdown_counted_for_several_days_at_once_stores_each_days_own_figures(
+        site_traffic, by):
+    """The range's days are counted in one statement, then stored a day each: every day
+    read back alone, from what was stored, is that day's own breakdown."""
+    later = FIRST_DAY + 9 * DAY
+    raw = "visit:channel!=Direct"
+    site_traffic.data(f"/api/v1/stats/breakdown?by={by}&{RANGE}&filters={raw}", at=later)
+    delete_unchecked(site_traffic.url, "events", "sessions")
+    for day in range(3):
+        date = datetime.fromtimestamp(FIRST_DAY + day * DAY, UTC).date()
+        data = site_traffic.data(f"/api/v1/stats/breakdown?by={by}&from={date}&to={date}"
+                                 f"&filters={raw}", at=later)
+        got = [(r["value"], r["visitors"], r["pageviews"], r["events"]) for r in data["rows"]]
+        assert got == reference_breakdown(by, FILTERS[raw], days={day}), date
 
 
 def test_a_site_stores_a_bounded_number_of_segments(site_traffic, monkeypatch):

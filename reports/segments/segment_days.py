@@ -146,6 +146,8 @@ class SegmentDays(TrafficDays):
 
         def count(first: int, last: int) -> dict[int, list[SegmentCount]]:
             segment = self.segment(first, last)
+            if segment.counts_by_day(by):
+                return segment.values_by_day(self.conn, self.site_id, first, last, by)
             return {day: segment.values(self.conn, self.site_id, day * DAY_MS,
                                         (day + 1) * DAY_MS, by)
                     for day in range(first, last + 1)}
