@@ -59,7 +59,7 @@ def instrument() -> None:
         if threading.current_thread().name == WRITER_THREAD:
             _stats["lock_s"] += time.perf_counter() - started
 
-    def grouped_transaction(conn, items, write, *more):
+    def grouped_transaction(conn, items, write, *more, call=None):
         def timed_write(item):
             wall, cpu = time.perf_counter(), time.thread_time()
             try:
@@ -71,7 +71,7 @@ def instrument() -> None:
         started, cpu = time.perf_counter(), time.thread_time()
         lock_before = _stats["lock_s"]
         try:
-            return original_group(conn, items, timed_write, *more)
+            return (call or original_group)(conn, items, timed_write, *more)
         finally:
             spent = time.perf_counter() - started
             _stats["group_s"] += spent
@@ -85,6 +85,25 @@ def instrument() -> None:
     GroupCommit._run = run
     db.begin_immediate = begin_immediate
     db.grouped_transaction = grouped_transaction
+    try:
+        from storage.postgres import PostgresDatabase
+    except ImportError:  # no psycopg: SQLite only
+        return
+    original_pg_group = PostgresDatabase.grouped_transaction
+
+    def pg_grouped_transaction(self, conn, items, write, **options):
+        # The group's size and time. lock_s: up to `more()`, called once the site locks
+        # are held (without `more`, the locks go in the group's pipeline: 0).
+        more, started = options.get("more"), time.perf_counter()
+        if more is not None:
+            def timed_more():
+                _stats["lock_s"] += time.perf_counter() - started
+                return more()
+            options["more"] = timed_more
+        return grouped_transaction(conn, items, write, options,
+                                   call=lambda c, i, w, o: original_pg_group(self, c, i, w, **o))
+
+    PostgresDatabase.grouped_transaction = pg_grouped_transaction
 
 
 def dump() -> None:

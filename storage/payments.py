@@ -6,15 +6,17 @@ synchronous_commit). Errors come out as storage.db's StorageBusy / StorageError.
 
 The commits are grouped: a worker's payments go to one writer thread with a connection
 of its own, which takes every payment waiting into one transaction (on PostgreSQL
-holding the locks of their sites only; on SQLite taking also those that arrived while
-it waited for the write lock), a payment that fails rolled back alone (only its request
+holding the locks of their sites only), then also those that arrived while it waited for
+the write lock (on PostgreSQL, those of the same sites that arrived while it waited for
+their locks), a payment that fails rolled back alone (only its request
 sees the error), and answers each request once the COMMIT is durable. One lock wait,
 one commit and one log flush then serve all the payments that arrived meanwhile,
 instead of one each. On SQLite the group goes under one SAVEPOINT and only a group in
 which a payment failed runs again with a SAVEPOINT each (storage.db.grouped_transaction),
 and a payment reads back the observation it replaces (five statements for most
 payments). On PostgreSQL a payment is one statement that reads nothing back, so the
-group goes in one pipeline read back once, without SAVEPOINTs, and only a group in which
+group goes in one pipeline read back twice (once its sites' locks are held, then at
+its COMMIT), without SAVEPOINTs, and only a group in which
 a payment failed runs again a SAVEPOINT and a Sync each
 (PostgresDatabase.grouped_transaction); the writer's connection prepares its
 statements, and a group that a deadlock or serialization failure ended runs again.
@@ -380,13 +382,31 @@ class GroupCommit:
             waiting.taken = True
         return group
 
-    def _more(self, group: list[_Waiting]) -> Callable[[], list[_Waiting]]:
-        """What arrived while the group waited for SQLite's write lock, up to MAX_GROUP in
-        all: the lock is the other workers' commits, so a group taken once it is held is
-        larger and the payments that came meanwhile wait for no further commit."""
+    def _take_of(self, sites: frozenset[int], most: int) -> list[_Waiting]:
+        """_take's, of these sites only; the others keep their order (called with
+        _arrived held)."""
+        group, waiting = [], self._waiting
+        for _ in range(len(waiting)):
+            payment = waiting.popleft()
+            if payment.site_id in sites and len(group) < most:
+                payment.taken = True
+                group.append(payment)
+            else:
+                waiting.append(payment)
+        return group
+
+    def _more(self, group: list[_Waiting],
+              sites: frozenset[int] | None = None) -> Callable[[], list[_Waiting]]:
+        """What arrived while the group waited for the write lock (SQLite's) or for its
+        sites' locks (PostgreSQL's: of those `sites` only, as a lock taken out of site
+        order could deadlock), up to MAX_GROUP in all: the lock is the other workers'
+        commits, so a group taken once it is held is larger and the payments that came
+        meanwhile wait for no further commit."""
         def more() -> list[_Waiting]:
             with self._arrived:
-                return self._take(MAX_GROUP - len(group))
+                if sites is None:
+                    return self._take(MAX_GROUP - len(group))
+                return self._take_of(sites, MAX_GROUP - len(group))
         return more
 
     def _store(self, group: list[_Waiting]) -> None:
@@ -427,11 +447,12 @@ class GroupCommit:
         def write(waiting: _Waiting) -> None:
             PaymentStore.write(conn, waiting.site_id, waiting.payment, waiting.now_ms)
 
+        # Grows the group in place: _run answers and _store fails every payment in it.
         if getattr(conn, "dialect", "sqlite") == "postgres":
-            failures = self.db.grouped_transaction(
-                conn, group, write, sites=sorted({waiting.site_id for waiting in group}))
+            sites = frozenset(waiting.site_id for waiting in group)
+            failures = self.db.grouped_transaction(conn, group, write, sites=sorted(sites),
+                                                   more=self._more(group, sites))
         else:
-            # Grows the group in place: _run answers and _store fails every payment in it.
             failures = self.db.grouped_transaction(conn, group, write, more=self._more(group))
         for waiting, failure in zip(group, failures, strict=True):
             waiting.error = None if failure is None else _mapped(failure)  # api/payments.py logs it

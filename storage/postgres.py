@@ -813,8 +813,8 @@ class PostgresDatabase:
             raise
 
     def grouped_transaction(self, conn: PostgresConnection, items: list,
-                            write: Callable[[object], None], *,
-                            sites: Collection[int]) -> list[BaseException | None]:
+                            write: Callable[[object], None], *, sites: Collection[int],
+                            more: Callable[[], list] | None = None) -> list[BaseException | None]:
         """One transaction for all `items`, holding the locks of `sites` (as transaction(sites=)
         does), each item written by `write(item)` inside a SAVEPOINT of its own: an item whose
         write fails is rolled back alone. Returns each item's failure (None: stored), a
@@ -833,9 +833,11 @@ class PostgresDatabase:
         COMMIT in one pipeline, read back once at its end (no SAVEPOINT, no Sync between
         items: one round trip for the group when `write` reads nothing back). An item's
         error there leaves nothing of the group stored, and then the group runs again as
-        above, item by item."""
+        above, item by item. With `more`, the locks are waited for first (a round trip of
+        their own), and `more()` then gives items that arrived meanwhile, of `sites` only:
+        they are appended to `items` (the caller's list) and written too."""
         try:
-            if _all_at_once(conn, items, write, sites):
+            if _all_at_once(conn, items, write, sites, more):
                 return [None] * len(items)
         except BaseException as exc:
             conn.stop_preparing()
@@ -941,7 +943,7 @@ def is_conflict(exc: BaseException) -> bool:
 
 
 def _all_at_once(conn: PostgresConnection, items: list, write: Callable[[object], None],
-                 sites: Collection[int]) -> bool:
+                 sites: Collection[int], more: Callable[[], list] | None = None) -> bool:
     """grouped_transaction's group in one pipelined transaction without SAVEPOINTs. True:
     committed. False: an item failed and the transaction was rolled back. Raises what the
     group as a whole fails with (the locks, the connection, a deadlock or serialization
@@ -950,6 +952,9 @@ def _all_at_once(conn: PostgresConnection, items: list, write: Callable[[object]
     try:
         with conn.pipeline():
             locks = conn.begin_sites(sites)
+            if more is not None:
+                conn.pipelined.sync()  # the locks held: what arrived meanwhile joins
+                items.extend(more())
             for item in items:
                 write(item)
             conn.commit()

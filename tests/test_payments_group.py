@@ -125,8 +125,8 @@ def test_one_bad_payment_fails_alone_and_the_others_are_on_disk(store, db_path, 
     try:
         first, first_failures = upsert_in_threads(payments, [GOOD[0]])
         # The writer took the first payment and waits for the lock; the rest queue
-        # behind it (SQLite's writer takes them once it holds the lock, PostgreSQL's in
-        # the next transaction).
+        # behind it, and the writer takes them once it holds the lock (PostgreSQL's
+        # those of the first payment's site only).
         # (_pid is set with the first payment queued, under the same lock.)
         assert wait_until(lambda: group._pid is not None and not group._waiting)
         assert group.groups == 0
@@ -140,10 +140,12 @@ def test_one_bad_payment_fails_alone_and_the_others_are_on_disk(store, db_path, 
     assert sorted(failures) == sorted([BAD, BAD_LATE])
     assert all("refused by the test" in str(failures[p]) for p in (BAD, BAD_LATE))
     assert all(type(failures[p]) is StorageError for p in (BAD, BAD_LATE))
-    # SQLite's writer takes what arrived once it holds the lock: one group. PostgreSQL
-    # takes its group before its sites' locks: the first payment's, then all the rest's.
+    # SQLite's writer takes all that arrived once it holds the lock: one group.
+    # PostgreSQL's, once it holds site 1's lock, site 1's payments: site 2's is the
+    # next group, on a new connection (the first group's pipeline failed part way:
+    # PostgresConnection.stop_preparing).
     assert group.groups == (2 if is_postgres(db_path) else 1)
-    assert group.connections == 1
+    assert group.connections == (2 if is_postgres(db_path) else 1)
     # What each upsert returned for is there for any other connection, and for a new
     # process on the same data.
     reopened = open_database(config_for(db_path))
@@ -320,10 +322,11 @@ def test_a_group_a_deadlock_ended_runs_again_and_its_payment_is_stored(store, db
     assert [row["payment_id"] for row in stored] == [GOOD[0]]
 
 
-def test_a_group_of_stored_payments_is_read_back_once(store, db_path, payments, monkeypatch):
+def test_a_group_of_stored_payments_is_read_back_twice(store, db_path, payments, monkeypatch):
     """PostgreSQL sends a group's locks, every payment's statements and the COMMIT in one
-    pipeline and waits for the server's results once, at its end: a payment reads nothing
-    back, so none waits on a statement of its own."""
+    pipeline and waits for the server's results twice: once the locks are held (then the
+    payments that came meanwhile join), and at its end. A payment reads nothing back, so
+    none waits on a statement of its own."""
     if not is_postgres(db_path):
         pytest.skip("SQLite's grouped transaction sends no pipeline")
     import psycopg
@@ -352,13 +355,63 @@ def test_a_group_of_stored_payments_is_read_back_once(store, db_path, payments, 
         lock.release()
     join(first + threads)
     assert not failures
-    assert group.groups == 2
-    assert waits == ["end", "end"]
+    assert group.groups == 1
+    assert waits == ["sync", "end"]
     payments.upsert(1, payment(GOOD[0]))  # the same payment again: an update
-    assert waits == ["end"] * 3
+    assert waits == ["sync", "end"] * 2
     stored = rows(db_path, "SELECT payment_id FROM payments ORDER BY 1")
     assert [row["payment_id"] for row in stored] == GOOD[:4]
     assert len(rows(db_path, "SELECT id FROM subscriptions")) == 4
+
+
+def test_payments_arriving_while_a_group_waits_for_its_sites_lock_join_it(store, db_path,
+                                                                          payments):
+    """Another transaction holds the lock of site 1 (on SQLite, the write lock) while the
+    writer's group of one site-1 payment waits for it; the site-1 payments that arrive
+    meanwhile are stored in that group's transaction. On PostgreSQL a payment of site 2
+    arriving meanwhile waits for a group of its own (a second site's lock, taken after
+    the first's is held, could deadlock with another writer's); on SQLite, one write lock
+    for every site, it joins too."""
+    execute(db_path, "INSERT INTO sites (id, public_id, account_id, created_at)"
+                     " VALUES (2, 'site_b', 1, 0)")
+    postgres = is_postgres(db_path)
+    group = payments.group
+    if postgres:
+        from storage.postgres import _SITE_LOCKS, SITE_LOCK_KEY
+
+        other = store.connect()
+        other.raw.execute("BEGIN")
+        other.raw.execute(_SITE_LOCKS, (SITE_LOCK_KEY, [1]))
+    else:
+        other = WriteLock(db_path)
+    try:
+        first, first_failures = upsert_in_threads(payments, [GOOD[0]])
+        assert wait_until(lambda: group._pid is not None and not group._waiting)
+        if postgres:  # the writer's backend waits for the site's lock
+            assert wait_until(lambda: group._conn is not None and rows(
+                db_path, "SELECT count(*) AS n FROM pg_locks WHERE pid = ? AND NOT granted",
+                (group._conn.raw.info.backend_pid,))[0]["n"] == 1)
+        # GOOD[4] is site 2's (site_of).
+        threads, failures = upsert_in_threads(payments, GOOD[1:5])
+        assert wait_until(lambda: len(group._waiting) == 4)
+        assert all(thread.is_alive() for thread in first + threads)
+        assert group.groups == 0
+    finally:
+        if postgres:
+            other.raw.execute("ROLLBACK")
+            other.close()
+        else:
+            other.release()
+    join(first + threads)
+    assert not first_failures and not failures
+    assert group.groups == (2 if postgres else 1)
+    stored = rows(db_path, "SELECT payment_id FROM payments ORDER BY 1")
+    assert [row["payment_id"] for row in stored] == GOOD[:5]
+    if postgres:  # the transaction that wrote each row
+        written = {row["payment_id"]: row["xid"] for row in rows(
+            db_path, "SELECT payment_id, xmin::text AS xid FROM payments")}
+        assert len({written[p] for p in GOOD[:4]}) == 1
+        assert written[GOOD[4]] != written[GOOD[0]]
 
 
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "not-prepared"])
