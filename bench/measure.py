@@ -5,6 +5,7 @@ database of a PostgreSQL server)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.metadata
 import os
 import platform
@@ -468,16 +469,27 @@ def _cpu_group(root: Path, weight_file: str, weight: int, postmaster: int):
                 continue  # a backend that ended meanwhile
         yield group
     finally:
-        for _ in range(100):  # a backend forked while moving lands in the group too
-            left = (group / "cgroup.procs").read_text().split()
-            if not left:
-                break
-            for pid in left:
-                try:
-                    (home / "cgroup.procs").write_text(pid)
-                except ProcessLookupError:
-                    continue
-        group.rmdir()
+        _empty_and_remove(group, home)
+
+
+def _empty_and_remove(group: Path, home: Path, wait: float = 30.0) -> None:
+    """Move what is left in `group` back `home`, then remove it. A backend forked while
+    moving lands in the group too, and one that has ended stays in it (and cannot be moved)
+    until the postmaster reaps it, so the removal is tried again until the group is empty."""
+    deadline = time.monotonic() + wait
+    while True:
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (home / "cgroup.procs").write_text(pid)
+            except ProcessLookupError:
+                continue  # ended: leaves the group once reaped
+        try:
+            group.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(0.01)
 
 
 class DatabaseProbe:
