@@ -448,7 +448,7 @@ class GroupCommit:
             PaymentStore.write(conn, waiting.site_id, waiting.payment, waiting.now_ms)
 
         # Grows the group in place: _run answers and _store fails every payment in it.
-        if getattr(conn, "dialect", "sqlite") == "postgres":
+        if dialect(conn) == "postgres":
             sites = frozenset(waiting.site_id for waiting in group)
             failures = self.db.grouped_transaction(conn, group, write, sites=sorted(sites),
                                                    more=self._more(group, sites))
