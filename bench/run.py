@@ -27,6 +27,7 @@ import datetime
 import os
 import runpy
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -119,6 +120,10 @@ class Bench:
     backend: str = "sqlite"
     postgres_url: str = POSTGRES_URL  # the server, where the bench creates its databases
     tally: Service | None = None
+    ceiling_service: Service | None = None
+    ceiling_bodies: Path | None = None
+    ceiling_rps: list = field(default_factory=list)
+    ceiling_rounds: int = 3
     database: str = ""  # the service's: a SQLite path or a PostgreSQL URL
     site: str = ""
     key: str = ""
@@ -184,16 +189,34 @@ class Bench:
 
     # The scenarios ----------------------------------------------------------------
     def ceiling(self) -> dict:
-        service = Service("bench.ceiling_app:app", REPO / "bench" / "ceiling_gunicorn.conf.py",
-                          self.workers, self.folder / "ceiling.log").wait_ready()
+        """The bare-Falcon ceiling's first round. Its service stays up for the rounds the
+        single events scenario alternates with it (stop_ceiling)."""
+        self.stop_ceiling()
+        self.ceiling_service = Service(
+            "bench.ceiling_app:app", REPO / "bench" / "ceiling_gunicorn.conf.py",
+            self.workers, self.folder / "ceiling.log").wait_ready()
         try:
-            bodies = write_bodies(self.folder / "ceiling.txt", single_event_bodies("site_x"))
-            return self.closed_loop(service, "/api/v1/events", bodies, 0) | {
-                "what": "bare Falcon app, POST answers 204 after reading the body"}
-        finally:
-            service.stop()
+            self.ceiling_bodies = write_bodies(self.folder / "ceiling.txt",
+                                               single_event_bodies("site_x"))
+            result = self.ceiling_round()
+        except BaseException:
+            self.stop_ceiling()
+            raise
+        self.ceiling_rps = [result["requests_per_s"]]
+        return result | {"what": "bare Falcon app, POST answers 204 after reading the body"}
+
+    def ceiling_round(self) -> dict:
+        return self.closed_loop(self.ceiling_service, "/api/v1/events", self.ceiling_bodies, 0)
+
+    def stop_ceiling(self) -> None:
+        if self.ceiling_service is not None:
+            self.ceiling_service.stop()
+            self.ceiling_service = None
 
     def single(self) -> dict:
+        """Single events; where the ceiling ran just before, `ceiling_rounds` rounds of the
+        two alternated, their ratio the median of each round's (this machine's speed moves
+        within minutes, and one round of each once read Tally at 1.48x its ceiling)."""
         tally = self.start_tally()
         sample = single_event_bodies(self.site)
         self.probe("/api/v1/events", sample[0], 204)
@@ -202,6 +225,21 @@ class Bench:
         result = self.closed_loop(tally, "/api/v1/events", bodies, 1, self.key)
         result["events_in_db"] = table_count(self.database, "events") - before
         result["body_bytes"] = round(sum(map(len, sample)) / len(sample))
+        if self.ceiling_service is None or not self.ceiling_rps:
+            return result
+        try:
+            ceilings, singles = [self.ceiling_rps[0]], [result["requests_per_s"]]
+            for _ in range(self.ceiling_rounds - 1):
+                ceilings.append(self.ceiling_round()["requests_per_s"])
+                singles.append(self.closed_loop(tally, "/api/v1/events", bodies, 1,
+                                                self.key)["requests_per_s"])
+        finally:
+            self.stop_ceiling()
+        ratios = [round(s / c, 3) for s, c in zip(singles, ceilings, strict=True) if c]
+        result["rounds"] = {"ceiling_requests_per_s": ceilings,
+                            "single_requests_per_s": singles, "ratios": ratios}
+        if ratios:
+            result["ratio_to_ceiling"] = statistics.median(ratios)
         return result
 
     def collect(self) -> dict:
@@ -417,7 +455,8 @@ class Bench:
                                  lambda line: print(line, file=sys.stderr, flush=True))
 
     def close(self) -> None:
-        """Stop the service (the databases stay, for the scenarios after)."""
+        """Stop the services (the databases stay, for the scenarios after)."""
+        self.stop_ceiling()
         if self.tally is not None:
             self.tally.stop()
             self.tally = None
@@ -752,6 +791,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--postgres-url", default=POSTGRES_URL,
                         help="the PostgreSQL server; the bench creates databases of its own"
                              " there (its role may create databases)")
+    parser.add_argument("--ceiling-rounds", type=int, default=3,
+                        help="rounds of the ceiling and single events alternated (1 with --quick)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--readme", action="store_true", help="rewrite README's bench block")
     parser.add_argument("--wrk", default="wrk", help="the wrk command")
@@ -783,8 +824,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench = Bench(args.workers, load, Path(folder) / backend, quick=args.quick,
                           backend=backend, postgres_url=args.postgres_url)
             bench.folder.mkdir()
+            bench.ceiling_rounds = args.ceiling_rounds
             if args.quick:
                 bench.raw_rows, bench.flusher_events, bench.report_payments = 100_000, 100_000, 500
+                bench.ceiling_rounds = 1
             if args.flusher_events:
                 bench.flusher_events = args.flusher_events
             if backend == "postgres":
@@ -829,6 +872,8 @@ def run_backend(bench: Bench, names: list[str], machine: dict,
             if name == "flusher":
                 bench.close()  # the flusher runs alone, with no server using CPU
             scenarios[name] = run_scenario(f"{bench.backend} {name}", getattr(bench, name), log)
+            if name == "ceiling" and "single" not in names:
+                bench.stop_ceiling()
     finally:
         failure = bench.drop_databases()
         if failure:

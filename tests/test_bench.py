@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import runpy
 import shutil
+import statistics
 import subprocess
 
 import orjson
@@ -140,18 +141,42 @@ def test_harness_without_wrk_stops_before_measuring(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
-def test_harness_measures_the_ceiling_end_to_end(tmp_path):
+def test_harness_measures_the_ceiling_and_single_events_alternated_end_to_end(tmp_path):
     out = tmp_path / "latest.json"
     proc = subprocess.run(
-        [str(BIN / "python"), "-m", "bench.run", "--only", "ceiling", "--duration", "1",
-         "--connections", "4", "--workers", "1", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        [str(BIN / "python"), "-m", "bench.run", "--backend", "sqlite", "--only", "ceiling",
+         "single", "--duration", "1", "--connections", "4", "--workers", "1",
+         "--ceiling-rounds", "2", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=WAIT)
     assert proc.returncode == 0, proc.stderr
-    ceiling = orjson.loads(out.read_bytes())["scenarios"]["ceiling"]
+    doc = orjson.loads(out.read_bytes())
+    ceiling, single = doc["scenarios"]["ceiling"], doc["scenarios"]["single"]
     assert ceiling["status"] == "ok", ceiling
     assert ceiling["requests"] > 0 and ceiling["statuses"] == {"204": ceiling["requests"]}
     assert ceiling["worker_cpu_s"] >= 0 and len(ceiling["peak_rss_mib"]) == 1
-    assert "bare Falcon ceiling" in proc.stdout
+    assert single["status"] == "ok", single
+    rounds = single["rounds"]
+    assert rounds["ceiling_requests_per_s"][0] == ceiling["requests_per_s"]
+    assert rounds["single_requests_per_s"][0] == single["requests_per_s"]
+    assert len(rounds["ceiling_requests_per_s"]) == len(rounds["single_requests_per_s"]) == 2
+    assert all(rounds["ceiling_requests_per_s"]) and all(rounds["single_requests_per_s"])
+    assert doc["figures"]["single_vs_ceiling"] == round(statistics.median(rounds["ratios"]), 3)
+    assert "bare Falcon ceiling" in proc.stdout and "2 rounds alternated" in proc.stdout
+
+
+def test_the_ratio_to_the_ceiling_is_the_median_of_the_alternated_rounds():
+    rounds = {"ceiling_requests_per_s": [4_000, 8_000, 5_000],
+              "single_requests_per_s": [3_600, 5_600, 3_000], "ratios": [0.9, 0.7, 0.6]}
+    scenarios = {**SCENARIOS, "single": {**SCENARIOS["single"], "rounds": rounds,
+                                         "ratio_to_ceiling": 0.7},
+                 "collect": _scenario(requests_per_s=2_500, events_per_s=2_500, p50_ms=1.0,
+                                      p99_ms=4.0, cpu_us_per_event=150.0, peak_rss_mib=[60.0])}
+    doc = results.assemble({"cores": 2, "cpu_model": "Test CPU"}, {"workers": 2}, scenarios,
+                           date="2026-11-27T00:00:00Z")
+    assert doc["figures"]["single_vs_ceiling"] == 0.7
+    assert doc["figures"]["collect_vs_ceiling"] == 0.5  # against the rounds' median ceiling
+    assert {t["name"]: t["met"] for t in doc["targets"]}["single_vs_ceiling"] is False
+    assert "3 rounds alternated: 0.900, 0.700, 0.600" in results.text_table(doc)
 
 
 def test_slowest_report_is_the_reports_figure():
