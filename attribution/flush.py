@@ -23,8 +23,13 @@ _head = itemgetter(*(_at[name] for name in (
     "site_id", "visitor_id", "ts", "name", "url", "pathname", "referrer", "referrer_host")))
 _utm = itemgetter(*(_at[key] for key in UTM_KEYS))
 _click_columns = [(key, _at[key]) for key in CLICK_IDS]
-_clicks = itemgetter(*(index for _, index in _click_columns))
 _UID = _at["uid"]
+# The UTM and click-id columns follow one another in EventRow: most rows set none of them,
+# and one comparison of that slice tells so.
+_CAMPAIGN = slice(_at[UTM_KEYS[0]], _at[CLICK_IDS[-1]] + 1)
+assert EventRow._fields[_CAMPAIGN] == (*UTM_KEYS, *CLICK_IDS)
+_NO_CAMPAIGN = (None,) * (len(UTM_KEYS) + len(CLICK_IDS))
+_NO_UTM = (None,) * len(UTM_KEYS)
 # Hit(*fields) runs NamedTuple's generated __new__ in Python; a flush makes a Hit per
 # event, so it builds each from its full tuple of fields in one C call.
 _hit = partial(tuple.__new__, Hit)
@@ -50,10 +55,12 @@ def decide_sessions(conn: Connection, rows: Sequence[EventRow],
         return SessionPlan([], None, [], [])
     hits = []
     for row, previous_visitor in zip(rows, previous_visitor_ids, strict=True):
-        click_ids = ()
-        if any(_clicks(row)):
+        if row[_CAMPAIGN] == _NO_CAMPAIGN:
+            utm, click_ids = _NO_UTM, ()
+        else:
+            utm = _utm(row)
             click_ids = tuple(key for key, index in _click_columns if row[index])
-        hits.append(_hit((*_head(row), _utm(row), click_ids, row[_UID], previous_visitor)))
+        hits.append(_hit((*_head(row), utm, click_ids, row[_UID], previous_visitor)))
     for index in unlinked:
         hits[index] = hits[index]._replace(uid=None)
     return _writer.decide(conn, hits)

@@ -23,6 +23,7 @@ visitor first (tests/test_sessions_equivalence.py holds that reference and compa
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
+from functools import partial
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -71,6 +72,11 @@ class Landing(NamedTuple):
     utm: tuple[str | None, ...]  # in UTM_KEYS order
 
 
+# Landing(*fields) runs NamedTuple's generated __new__ in Python; a batch of new visitors
+# makes one a session, so each is built from its tuple of fields in one C call.
+_landing = partial(tuple.__new__, Landing)
+
+
 def landing_of(hit: Hit, site_hosts: Collection[str], touches: dict | None = None) -> Landing:
     """touches: an optional memo of classify_visit for one site's hosts (pure, and
     a batch's first events share a few referrers and UTM sets)."""
@@ -80,8 +86,8 @@ def landing_of(hit: Hit, site_hosts: Collection[str], touches: dict | None = Non
         touch = _touch(hit, site_hosts)
         if touches is not None:
             touches[key] = touch
-    return Landing(touch.source, touch.channel, hit.referrer or None, hit.url, hit.pathname,
-                   hit.utm)
+    return _landing((touch.source, touch.channel, hit.referrer or None, hit.url, hit.pathname,
+                     hit.utm))
 
 
 def _touch(hit: Hit, site_hosts: Collection[str]) -> Touch:

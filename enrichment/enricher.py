@@ -34,6 +34,10 @@ from vocabulary import DAY_MS, IDENTIFY, SESSION_GAP_MS, TS_FUTURE_MS
 # open, and that link brings yesterday's earlier visits into first touch.
 PREVIOUS_DAY_REACH_MS = TS_FUTURE_MS + SESSION_GAP_MS
 
+# Enricher.build unpacks each event in this order.
+assert CleanEvent._fields == ("name", "ts", "url", "host", "authority_end", "referrer", "title",
+                              "width", "language", "uid", "props", "ip_packed", "ua")
+
 
 class Unit(Protocol):
     """What the flush stores for one request (ingest.queue.Accepted)."""
@@ -115,7 +119,9 @@ class Enricher:
             anonymous = 1 if unit.anonymous else None
             links_identity = unit.links_identity
             for event in unit.events:
-                ua, ip_packed = event.ua, event.ip_packed
+                # Unpacked in one step: a NamedTuple's fields are each a descriptor call.
+                (name, ts, url, host, authority_end, referrer, title, width, language, uid,
+                 props, ip_packed, ua) = event
                 if ua is None:
                     browser = os_family = device = None
                 else:
@@ -126,18 +132,16 @@ class Enricher:
                     if hasher is None:
                         hasher = self._hasher(conn, day, site_id)
                     visitor = hashed_visitor_id(hasher, ip_packed, ua)
-                    if event.ts <= reach or event.name == IDENTIFY:
+                    if ts <= reach or name == IDENTIFY:
                         wanted.append((len(rows), unit, event))
                 country = country_of(ip_packed) if ip_packed is not None else None
-                if not links_identity and event.name == IDENTIFY:
+                if not links_identity and name == IDENTIFY:
                     unlinked.add(len(rows))
-                referrer = event.referrer
-                url = event.url
                 rows.append(new_event_row((  # EventRow's fields, in order
-                    site_id, event.ts, event.name, visitor, pathname(url, event.authority_end),
-                    url, event.host, referrer, referrer and referrer_hosts[referrer],
-                    event.title, event.width, event.language, event.uid, event.props, country,
-                    browser, os_family, device, *campaigns[url], anonymous,
+                    site_id, ts, name, visitor, pathname(url, authority_end), url, host,
+                    referrer, referrer and referrer_hosts[referrer], title, width, language,
+                    uid, props, country, browser, os_family, device, *campaigns[url],
+                    anonymous,
                 )))
             if unit.counted:
                 key = (unit.account_id, unit.month)

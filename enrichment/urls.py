@@ -10,13 +10,13 @@ from vocabulary import CAMPAIGN_PARAMS
 NO_CAMPAIGN = (None,) * len(CAMPAIGN_PARAMS)
 # scheme://[userinfo@]host: group 1 is the host (any scheme: android-app:// referrers too).
 _AUTHORITY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#@]*@)?(\[[^\]/?#]*\]|[^/?#:]+)")
-_PATH_END = re.compile(r"[?#]")
 
 
 def pathname(url: str, authority_end: int) -> str:
     """The path of a URL whose authority ends at `authority_end`, "/" when empty."""
-    end = _PATH_END.search(url, authority_end)
-    path = url[authority_end:end.start()] if end else url[authority_end:]
+    path = url[authority_end:]
+    if "?" in path or "#" in path:  # cut at the first of them (str methods beat re here)
+        path = path.partition("?")[0].partition("#")[0]
     return path or "/"
 
 

@@ -35,10 +35,15 @@ def visitor_hasher(salt: bytes, site_id: int):
     return hashlib.blake2b(site_id.to_bytes(8, "big", signed=True), key=salt, digest_size=8)
 
 
+# The byte of each length, made once: the hash takes the address's length first.
+_LENGTH_BYTE = tuple(bytes((n,)) for n in range(256))
+
+
 def hashed_visitor_id(hasher, ip_packed: bytes, ua: str) -> int:
     """visitor_id() with the salt and site already in `hasher` (left unchanged)."""
     hasher = hasher.copy()
-    hasher.update(bytes((len(ip_packed),)) + ip_packed + ua.encode())
+    hasher.update(_LENGTH_BYTE[len(ip_packed)] + ip_packed)
+    hasher.update(ua.encode())
     return int.from_bytes(hasher.digest(), "big", signed=True)
 
 

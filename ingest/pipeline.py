@@ -26,7 +26,6 @@ they count are stored together or not at all.
 from __future__ import annotations
 
 import gc
-from contextlib import contextmanager
 from typing import NamedTuple
 
 from attribution.flush import decide_sessions
@@ -37,7 +36,7 @@ from ingest.queue import Accepted
 from storage.connection import Connection
 from storage.dialect import pipelined
 from storage.events import EventRow, insert_events, refuse_missing_sites
-from storage.recorded import RecordedReads
+from storage.recorded import RecordedReads, recorded_reads
 from storage.usage import add_usage
 
 
@@ -65,7 +64,7 @@ def decide(conn: Connection, batch: EventBatch,
 def write_decided(conn: Connection, batch: EventBatch, decided: Decided) -> None:
     """The writes of the steps, in the caller's transaction; fills batch.usage_totals."""
     with collector_paused():
-        refuse_missing_sites(conn, {row.site_id for row in batch.rows})
+        refuse_missing_sites(conn, batch.rows)
         if decided.links:
             BrowserVisitors.write(conn, decided.links)
         insert_events(conn, batch.rows, write_sessions(conn, decided.sessions))
@@ -128,8 +127,8 @@ class BatchWriter:
             if any(unit.browser_id is not None for unit in batch.units):
                 browser_visitors.ids.key(conn)  # made (written) once, before recording
         rows = list(batch.rows)
-        reads = RecordedReads(conn)
-        return Prepared(decide(reads, batch, browser_visitors), reads, rows)
+        with recorded_reads(conn) as reads:
+            return Prepared(decide(reads, batch, browser_visitors), reads, rows)
 
     def __call__(self, conn: Connection, batch: EventBatch,
                  prepared: Prepared | None = None) -> None:
@@ -143,16 +142,20 @@ class BatchWriter:
             write_batch(conn, batch, self.browser_visitors)
 
 
-@contextmanager
-def collector_paused():
+class collector_paused:  # noqa: N801 - used as a function: `with collector_paused():`
     """The cyclic garbage collector waits while a step runs. A flush makes several objects
     an event, all freed by their reference counts, and the collector's passes over them
-    cost 1-3 us an event (bench.flush_cost); it runs once the step is done."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+    cost 1-3 us an event (bench.flush_cost); it runs once the step is done. A class rather
+    than a generator: a flush enters it several times, and @contextmanager costs a few
+    microseconds each time."""
+
+    __slots__ = ("_paused",)
+
+    def __enter__(self) -> None:
+        self._paused = gc.isenabled()
+        if self._paused:
+            gc.disable()
+
+    def __exit__(self, *exc) -> None:
+        if self._paused:
+            gc.enable()

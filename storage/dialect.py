@@ -6,7 +6,7 @@ PostgreSQL connection respells placeholders and a handful of functions: storage/
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 
 def dialect(conn) -> str:
@@ -14,15 +14,17 @@ def dialect(conn) -> str:
     return getattr(conn, "dialect", "sqlite")
 
 
-@contextmanager
+_AS_THEY_ARE = nullcontext()
+
+
 def pipelined(conn):
     """On PostgreSQL the block's statements go out without waiting for one another: those
     whose rows nobody reads cost one round trip together, paid when the block ends or a
     later statement's rows are read (PostgresConnection.pipeline); an error of any of them
     is raised there. On SQLite, and inside a pipeline already, they run as they are."""
-    with (conn.pipeline() if dialect(conn) == "postgres" and conn.pipelined is None
-          else nullcontext()):
-        yield
+    if dialect(conn) == "postgres" and conn.pipelined is None:
+        return conn.pipeline()
+    return _AS_THEY_ARE
 
 
 # The UTC month ("YYYY-MM") of a unix-ms column, and the ms its month starts and ends at.

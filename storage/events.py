@@ -75,14 +75,14 @@ class SiteNotStored(Exception):
 _STORED_SITES = native("postgres", "SELECT id FROM sites WHERE id = ANY(?::bigint[])")
 
 
-def refuse_missing_sites(conn: sqlite3.Connection, site_ids: Collection[int]) -> None:
-    """Raise SiteNotStored unless every site is stored. The flush calls it in its
-    transaction, holding these sites' locks: on PostgreSQL events, sessions and their
+def refuse_missing_sites(conn: sqlite3.Connection, rows: Collection[EventRow]) -> None:
+    """Raise SiteNotStored unless the site of every row is stored. The flush calls it in
+    its transaction, holding these sites' locks: on PostgreSQL events, sessions and their
     visitor links carry no foreign key to sites (schema_postgres.sql, "Checked by the
     flush"), so this one query stands for a check per row. SQLite's foreign keys check."""
-    if dialect(conn) != "postgres" or not site_ids:
+    if dialect(conn) != "postgres" or not rows:
         return
-    wanted = set(site_ids)
+    wanted = {row.site_id for row in rows}
     missing = wanted.difference(row[0] for row in conn.execute(_STORED_SITES, (list(wanted),)))
     if missing:
         raise SiteNotStored(f"site {min(missing)} is not stored (removed)")

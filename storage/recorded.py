@@ -1,17 +1,19 @@
-"""Reads made outside a transaction, kept so that they can be checked under the write lock.
+"""Reads made before the write lock, kept so that they can be checked under it.
 
 The SQLite flush decides a batch (sessions, browser visitors, yesterday's visitor ids)
-before BEGIN IMMEDIATE, on a RecordedReads wrapping its connection: every statement the
-decision runs is a read, and its rows are kept. Under the lock, `unchanged` first asks
-SQLite whether any other connection committed since the decision started (PRAGMA
-data_version, read on the same connection); only then does it run each read again, and
-the same rows mean the decision is the one the data under the lock gives.
+before BEGIN IMMEDIATE, on a RecordedReads wrapping its connection, all in one read
+transaction (`recorded_reads`): every statement the decision runs is a read, and its rows
+are kept. Under the lock, `unchanged` first asks SQLite whether any other connection
+committed since the decision's state (PRAGMA data_version, read on the same connection);
+only then does it run each read again, and the same rows mean the decision is the one
+the data under the lock gives.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from storage.statements import native
 
@@ -70,7 +72,24 @@ class RecordedReads:
                    for sql, parameters, rows in self._reads)
 
 
+@contextmanager
+def recorded_reads(conn: sqlite3.Connection) -> Iterator[RecordedReads]:
+    """A RecordedReads whose reads see one state of the database: they run in one read
+    transaction, so SQLite takes and drops its file and WAL locks once for them all rather
+    than once a statement (several system calls each, a fixed cost of every flush)."""
+    begun = not conn.in_transaction
+    if begun:
+        conn.execute(_BEGIN)
+    try:
+        yield RecordedReads(conn)
+    finally:
+        if begun and conn.in_transaction:
+            conn.execute(_COMMIT)
+
+
 _DATA_VERSION = native("sqlite", "PRAGMA data_version")
+_BEGIN = native("sqlite", "BEGIN")
+_COMMIT = native("sqlite", "COMMIT")
 
 
 def _data_version(conn: sqlite3.Connection) -> int:

@@ -223,7 +223,8 @@ def insert_sessions(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
 def move_session_starts(conn: sqlite3.Connection, rows: Iterable[Sequence]) -> None:
     """(started_at, channel, source, referrer, landing_page, entry_path, *utm, id,
     started_at) each: an earlier first event gives a stored session its landing."""
-    conn.executemany(_UPDATE_LANDING, rows)
+    if rows:
+        conn.executemany(_UPDATE_LANDING, rows)
 
 
 # PostgreSQL: every stored session a batch continues in one statement (an UPDATE each,
@@ -261,7 +262,8 @@ def _write_rows(conn: sqlite3.Connection, each, at_once, rows: Iterable[Sequence
     parameters are the rows' columns as arrays (`column` makes one; by default the text
     of an integer array)."""
     if dialect(conn) != "postgres":
-        conn.executemany(each, rows)
+        if rows:  # most flushes have no rows of some kinds: nothing to look the statement up for
+            conn.executemany(each, rows)
         return
     rows = list(rows)
     if rows:
