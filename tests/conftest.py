@@ -272,6 +272,37 @@ def db_path(request, backend, tmp_path) -> str:
     return str(tmp_path / "tally.db")
 
 
+@pytest.fixture(scope="session")
+def chromium_process():
+    """One headless Chromium for the browser tests of this test process (starting one costs
+    about a CPU second); tests take it through `chromium`."""
+    from tests.realparts import chromium_driver
+
+    driver = chromium_driver(host_rules="MAP *.test 127.0.0.1")
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def chromium(chromium_process):
+    """This process's Chromium as a new one is: on a blank page, without the cookies, local
+    storage or console entries of an earlier test, its window 1280x900, no emulated media, no
+    implicit wait. A script a test adds to every new document it removes itself. Ask for it
+    after the fixtures of the test's servers: it leaves its page for a blank one before they
+    stop."""
+    driver = chromium_process
+    driver.get("about:blank")
+    driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    driver.execute_cdp_cmd("Storage.clearDataForOrigin", {"origin": "*",
+                                                           "storageTypes": "local_storage"})
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+    driver.set_window_size(1280, 900)
+    driver.implicitly_wait(0)
+    driver.get_log("browser")  # what earlier tests' pages logged
+    yield driver
+    driver.get("about:blank")
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
