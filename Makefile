@@ -95,7 +95,8 @@ lint: install
 	$(BIN)/ruff check .
 
 # A long random run of the property tests and of schemathesis against a live gunicorn
-# (make test runs both with a fixed seed and a few hundred cases). FUZZ_EXAMPLES=n per test.
+# (make test runs both with a fixed seed and a few hundred cases, schemathesis's coverage
+# phase on PostgreSQL only: tests/test_fuzz.py). FUZZ_EXAMPLES=n per test.
 FUZZ_EXAMPLES ?= 2000
 fuzz: install
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider \
