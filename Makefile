@@ -69,13 +69,19 @@ system-deps:
 # wait on a server, a subprocess or PostgreSQL, and a fourth process fills those waits
 # (quiet, 2026-11-27: 3 processes 5:11, 4 processes 4:39; docs/DEVELOPING.md).
 PYTEST_WORKERS ?= 4
+# The suite starts hundreds of Python processes (`tally`, gunicorn, read processes) on the
+# same sources: where the environment sets PYTHONDONTWRITEBYTECODE (this project's shared
+# machines do), each compiled them again and each pytest process rewrote every test module's
+# asserts again, about 6 % of the suite's CPU. The suite writes its bytecode (__pycache__,
+# ignored by git) whatever the caller's environment says.
+SUITE_ENV := PYTHONDONTWRITEBYTECODE=
 test: install system-deps
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
+	$(SUITE_ENV) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 # The tests in headless Chromium on both backends (make test runs them on SQLite only:
 # tests/conftest.py BROWSER_BACKENDS).
 test-browsers: install system-deps
-	BROWSER_BACKENDS="sqlite postgres" $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
+	BROWSER_BACKENDS="sqlite postgres" $(SUITE_ENV) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) \
 		--dist worksteal -m browser
 
 # The whole suite while stress-ng keeps LOAD_FACTOR x cores CPU-bound processes busy
@@ -89,7 +95,8 @@ lint: install
 	$(BIN)/ruff check .
 
 # A long random run of the property tests and of schemathesis against a live gunicorn
-# (make test runs both with a fixed seed and a few hundred cases). FUZZ_EXAMPLES=n per test.
+# (make test runs both with a fixed seed and a few hundred cases, schemathesis's coverage
+# phase on PostgreSQL only: tests/test_fuzz.py). FUZZ_EXAMPLES=n per test.
 FUZZ_EXAMPLES ?= 2000
 fuzz: install
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider \

@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from contextlib import ExitStack, contextmanager
@@ -116,6 +117,7 @@ CHURNED_CATALOGS = ("pg_attribute", "pg_class", "pg_type", "pg_depend", "pg_inde
 
 
 def pytest_sessionfinish(session, exitstatus):
+    close_kept_connection()
     if _schema_pool is not None:
         _schema_pool.close()
     if hasattr(session.config, "workerinput"):
@@ -270,6 +272,37 @@ def db_path(request, backend, tmp_path) -> str:
     return str(tmp_path / "tally.db")
 
 
+@pytest.fixture(scope="session")
+def chromium_process():
+    """One headless Chromium for the browser tests of this test process (starting one costs
+    about a CPU second); tests take it through `chromium`."""
+    from tests.realparts import chromium_driver
+
+    driver = chromium_driver(host_rules="MAP *.test 127.0.0.1")
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def chromium(chromium_process):
+    """This process's Chromium as a new one is: on a blank page, without the cookies, local
+    storage or console entries of an earlier test, its window 1280x900, no emulated media, no
+    implicit wait. A script a test adds to every new document it removes itself. Ask for it
+    after the fixtures of the test's servers: it leaves its page for a blank one before they
+    stop."""
+    driver = chromium_process
+    driver.get("about:blank")
+    driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    driver.execute_cdp_cmd("Storage.clearDataForOrigin", {"origin": "*",
+                                                           "storageTypes": "local_storage"})
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+    driver.set_window_size(1280, 900)
+    driver.implicitly_wait(0)
+    driver.get_log("browser")  # what earlier tests' pages logged
+    yield driver
+    driver.get("about:blank")
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -398,6 +431,9 @@ def execute(db_path: str, sql: str, params=()) -> int:
     """Run one statement and commit it through a connection of the test's own (SQLite's
     spelling, compiled on PostgreSQL as storage's statements are, or PostgreSQL's own);
     the number of rows it changed."""
+    if is_postgres(db_path):
+        return _on_kept_connection(
+            db_path, lambda conn: conn.execute(_spelled(sql, conn), params).rowcount)
     conn = connect(db_path)
     try:
         return conn.execute(_spelled(sql, conn), params).rowcount
@@ -465,15 +501,62 @@ def database_dump(db_path: str) -> str:
 
 
 def _postgres_rows(url: str, sql: str, params) -> list[dict]:
-    from storage.postgres import PostgresDatabase
-
-    conn = PostgresDatabase(url).connect()
-    try:
+    def read(conn) -> list[dict]:
         cursor = conn.execute(_spelled(sql, conn), params)
         names = [column.name for column in cursor.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-    finally:
+
+    return _on_kept_connection(url, read)
+
+
+# rows() and execute() run hundreds of times in some tests (a wait polls every tenth of a
+# second). A new PostgreSQL connection for each cost this process ~2 ms and the server more
+# (a backend started, Tally's schema checked): the main thread of each test process keeps
+# one autocommit connection, to the database it last asked, instead. It holds no lock
+# between statements; one the server ended (tests of failover end every connection to a
+# schema, DROP DATABASE ... WITH (FORCE) ends those to a restored copy) is replaced.
+_kept = threading.local()
+
+
+def _on_kept_connection(url: str, work):
+    from storage.postgres import PostgresDatabase
+
+    if threading.current_thread() is not threading.main_thread():
+        conn = PostgresDatabase(url).connect()
+        try:
+            return work(conn)
+        finally:
+            conn.close()
+    kept = getattr(_kept, "conn", None)
+    if kept is not None and (kept[0] != url or kept[1] != os.getpid() or kept[2].closed):
+        if kept[1] == os.getpid():
+            _close_quietly(kept[2])
+        kept = _kept.conn = None
+    reused = kept is not None
+    if not reused:
+        kept = _kept.conn = (url, os.getpid(), PostgresDatabase(url).connect())
+    conn = kept[2]
+    try:
+        return work(conn)
+    except Exception:
+        if not (reused and conn.closed):
+            raise
+        _kept.conn = None  # ended by the server while it was kept: run it on a new one
+        return _on_kept_connection(url, work)
+
+
+def _close_quietly(conn) -> None:
+    try:
         conn.close()
+    except Exception:  # noqa: BLE001 - a connection the server already ended
+        pass
+
+
+def close_kept_connection() -> None:
+    kept = getattr(_kept, "conn", None)
+    _kept.conn = None
+    if kept is not None and kept[1] == os.getpid():
+        _close_quietly(kept[2])
 
 
 def connect(db: str):

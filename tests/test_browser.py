@@ -1,6 +1,6 @@
 """The tracking script in real headless Chromium (Debian's chromium + chromium-driver).
 
-One browser per module; one in-process server per test, on the test's own database
+One browser per test process (tests.conftest.chromium); one in-process server per test, on the test's own database
 (either backend). The server is a threaded WSGI server
 on 127.0.0.1 that Chromium reaches as `shop.test` (the pages), `tally.test` (Tally: the
 script and the collect endpoint, created with a FakeClock) and `other.test` (a page
@@ -30,7 +30,7 @@ from enrichment.browser_ids import browser_visitor_id
 from enrichment.visitor import visitor_id
 from storage.identity_secrets import new_secret, replace_secret
 from tests.conftest import WAIT, FakeClock, bearer, config_for, rows
-from tests.realparts import DESKTOP_UA, chromium_driver
+from tests.realparts import DESKTOP_UA
 from validation.event import pack_ip
 
 pytestmark = pytest.mark.browser
@@ -151,23 +151,14 @@ def world(db_path):
     world.app.stop(timeout=5)
 
 
-@pytest.fixture(scope="module")
-def module_driver():
-    driver = chromium_driver(host_rules="MAP *.test 127.0.0.1")
-    hidden = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
-                                    {"source": HIDE_WEBDRIVER})
-    driver.hide_webdriver = hidden["identifier"]
-    yield driver
-    driver.quit()
-
-
 @pytest.fixture
-def driver(module_driver):
-    """The module's browser, without cookies or storage of an earlier test."""
-    module_driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
-    module_driver.execute_cdp_cmd("Storage.clearDataForOrigin", {
-        "origin": "*", "storageTypes": "local_storage"})
-    return module_driver
+def driver(world, chromium):
+    """The test process's browser (tests.conftest.chromium), navigator.webdriver hidden."""
+    chromium.hide_webdriver = chromium.execute_cdp_cmd(
+        "Page.addScriptToEvaluateOnNewDocument", {"source": HIDE_WEBDRIVER})["identifier"]
+    yield chromium
+    chromium.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument",
+                             {"identifier": chromium.hide_webdriver})
 
 
 def load(driver, url: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 from app import create_app
 from tests import dashboard_seed as seed
 from tests.conftest import REPO, WAIT, Server, bearer, cli_json, config_for, http
-from tests.realparts import chromium_driver, require
+from tests.realparts import require
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 SHOTS = REPO / "var" / "screenshots"
@@ -40,11 +40,10 @@ def served(db_path):
 
 
 @pytest.fixture
-def browser(served):
-    driver = chromium_driver(width=1440, height=900)
-    driver.implicitly_wait(WAIT)  # a page reached by a click may still be loading
-    yield driver
-    driver.quit()
+def browser(served, chromium):
+    chromium.set_window_size(1440, 900)
+    chromium.implicitly_wait(WAIT)  # a page reached by a click may still be loading
+    return chromium
 
 
 def api(server, world, path):

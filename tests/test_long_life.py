@@ -48,7 +48,6 @@ from tests.lifecycle import (
     stored_payments,
     wait_until,
 )
-from tests.realparts import chromium_driver
 from tests.stripe_events import (
     SECRET,
     charge,
@@ -83,13 +82,15 @@ VISITORS = {
 FIXTURES = Path(__file__).resolve().parent / "data" / "tally-v14"
 
 
-@pytest.fixture(scope="module")
-def browser():
-    driver = chromium_driver(host_rules="MAP *.test 127.0.0.1")
-    for source in (HIDE_WEBDRIVER, RECORD_ANSWERS):
-        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": source})
-    yield driver
-    driver.quit()
+@pytest.fixture
+def browser(chromium):
+    added = [chromium.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
+                                      {"source": source})["identifier"]
+             for source in (HIDE_WEBDRIVER, RECORD_ANSWERS)]
+    yield chromium
+    for identifier in added:
+        chromium.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument",
+                                 {"identifier": identifier})
 
 
 class Shop:

@@ -28,7 +28,7 @@ from tests.conftest import (
     http,
     wait_until,
 )
-from tests.realparts import chromium_driver, require
+from tests.realparts import require
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 SHOTS = REPO / "var" / "screenshots"
@@ -88,10 +88,9 @@ def served(db_path, tmp_path):
 
 
 @pytest.fixture
-def browser(served):
-    driver = chromium_driver(width=1440, height=900)
-    yield driver
-    driver.quit()
+def browser(served, chromium):
+    chromium.set_window_size(1440, 900)
+    return chromium
 
 
 def console_errors(driver) -> list[dict]:
