@@ -602,33 +602,67 @@ SERVER_ENV = {"TALLY_READ_BUDGET": str(WAIT)}
 class Server:
     """A real gunicorn serving app:app from the repo root, with gunicorn.conf.py."""
 
+    # A free port is free when asked, not when gunicorn binds it: another test process's
+    # server can take it in between. That server then answers this one's /healthz (it once
+    # answered a client test's events 401, its key unknown there), so readiness is this
+    # gunicorn holding the port's listening socket, and a port taken first means a new one.
+    PORT_TRIES = 5
+
     def __init__(self, db: str, workers: int = 2, env: dict | None = None,
                  log_path: Path | None = None, app: str = "app:app"):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.db = db
+        self._command = (workers, app, {**_without_database(os.environ), **SERVER_ENV,
+                                        **database_env(db), **(env or {})})
+        self.port = free_port()
         if log_path is None:
             folder = Path(tempfile.mkdtemp(prefix="tally-server-")) if is_postgres(db) else Path(db).parent
             log_path = folder / f"gunicorn-{self.port}.log"
         self.log_path = log_path
-        self._log = open(self.log_path, "wb")
+        self._start("wb")
+
+    def _start(self, mode: str = "ab") -> None:
+        workers, app, env = self._command
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = open(self.log_path, mode)
         self.proc = subprocess.Popen(
             [str(BIN / "gunicorn"), "--bind", f"127.0.0.1:{self.port}", "--workers", str(workers),
              app],
-            cwd=REPO, env={**_without_database(os.environ), **SERVER_ENV, **database_env(db),
-                           **(env or {})},
-            stdout=self._log, stderr=subprocess.STDOUT,
+            cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
+
+    def holds_port(self) -> bool:
+        """Whether this server's gunicorn (its master) holds the listening socket of its port."""
+        try:
+            folder = f"/proc/{self.proc.pid}/fd"
+            sockets = {target[8:-1] for target in (os.readlink(f"{folder}/{fd}")
+                                                   for fd in os.listdir(folder))
+                       if target.startswith("socket:[")}
+            with open("/proc/net/tcp") as table:
+                lines = table.readlines()[1:]
+        except OSError:
+            return False
+        port = f":{self.port:04X}"
+        return any(fields[1].endswith(port) and fields[3] == "0A" and fields[9] in sockets
+                   for fields in (line.split() for line in lines))
 
     def wait_ready(self, timeout: float = WAIT) -> Server:
         import urllib.request
 
+        tries = self.PORT_TRIES
+
         def answers() -> bool:
+            nonlocal tries
             if self.proc.poll() is not None:
+                tries -= 1
+                if tries and "Connection in use" in self.log():
+                    self._log.close()
+                    self.port = free_port()
+                    self._start()
+                    return False
                 raise AssertionError(f"gunicorn exited: {self.log()}")
             try:
                 with urllib.request.urlopen(self.url + "/healthz", timeout=10) as resp:
-                    return resp.status == 200
+                    return resp.status == 200 and self.holds_port()
             except OSError:
                 return False
 

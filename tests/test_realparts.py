@@ -1,7 +1,13 @@
 """The real parts the browser and proxy tests stand on are there and work."""
 
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
+
+from tests import conftest
+from tests.conftest import http, provision
 from tests.realparts import chromium_driver, require
 
 
@@ -23,3 +29,38 @@ def test_nginx_is_installed_and_parses_a_config(tmp_path):
     result = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(conf)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+class _AnotherServer(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.slow
+def test_a_test_server_whose_port_another_server_took_starts_on_another(
+        db_path, monkeypatch):
+    # Another test process's server bound the port between free_port() and gunicorn's bind,
+    # and answers /healthz 200 there: the test's server must not be taken for ready on it.
+    provision(db_path)
+    taken = ThreadingHTTPServer(("127.0.0.1", 0), _AnotherServer)
+    threading.Thread(target=taken.serve_forever, daemon=True).start()
+    ports = iter([taken.server_address[1]])
+    free_port = conftest.free_port
+    monkeypatch.setattr(conftest, "free_port", lambda: next(ports, None) or free_port())
+    server = conftest.Server(db_path, workers=1)
+    try:
+        assert server.port == taken.server_address[1] and not server.holds_port()
+        server.wait_ready()
+        assert server.port != taken.server_address[1] and server.holds_port()
+        status, _, body = http("GET", server.url + "/healthz")
+        assert status == 200 and body != b"ok"  # Tally's answer, not the other server's
+        assert "Connection in use" in server.log()
+    finally:
+        server.stop()
+        taken.shutdown()
+        taken.server_close()
