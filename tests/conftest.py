@@ -11,6 +11,7 @@ and `empty_schema` when it checks what Tally does to an empty PostgreSQL schema.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import sqlite3
@@ -587,10 +588,42 @@ def delete_unchecked(db: str, *tables: str) -> None:
         conn.close()
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+# A port the kernel picks for bind(0) is one it may give the next outgoing connection or
+# another test process's bind(0) before the test's server binds it. Ports are taken
+# instead below the kernel's ephemeral range, in a block of their own for each xdist
+# process, from a random start (another run on the machine draws from the same blocks).
+PORT_BLOCK = 1000
+_PORT_BASE = 20000
+_XDIST_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_next_port = [random.randrange(PORT_BLOCK)]
+_ports_lock = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port on 127.0.0.1 nothing holds now, from this test process's own block."""
+    first = _PORT_BASE + _XDIST_INDEX * PORT_BLOCK
+    if first + PORT_BLOCK > _ephemeral_low():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    with _ports_lock:
+        for _ in range(PORT_BLOCK):
+            port = first + _next_port[0] % PORT_BLOCK
+            _next_port[0] += 1
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
+    raise OSError(f"no free port in {first}-{first + PORT_BLOCK - 1}")
 
 
 # A test's server reads within WAIT, not the service's default budget (config.READ_BUDGET):

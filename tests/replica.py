@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -37,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from tests.conftest import WAIT, wait_until
+from tests.conftest import WAIT, free_port, wait_until
 
 REPLICATION_RULE = "host replication all 127.0.0.1/32 trust"
 # Settings a hot standby must hold at least at the primary's values.
@@ -76,12 +75,6 @@ def _as_postgres(command: list[str], **kwargs) -> subprocess.CompletedProcess:
             raise ReplicaUnavailable("making a replica needs root or the postgres user")
         command = ["runuser", "-u", "postgres", "--", *command]
     return subprocess.run(command, capture_output=True, text=True, **kwargs)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def allow_replication(admin: psycopg.Connection) -> None:
@@ -252,7 +245,7 @@ def streaming_replica(primary_url: str):
     folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
     postgres = pwd.getpwnam("postgres")
     os.chown(folder, postgres.pw_uid, postgres.pw_gid)
-    replica = StreamingReplica(folder, _free_port(), bindir)
+    replica = StreamingReplica(folder, free_port(), bindir)
     slot = _slot_name()
     try:
         # The slot is made, reserving WAL, before the copy starts: made by pg_basebackup -C

@@ -1,5 +1,6 @@
 """The real parts the browser and proxy tests stand on are there and work."""
 
+import socket
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,3 +65,27 @@ def test_a_test_server_whose_port_another_server_took_starts_on_another(
         server.stop()
         taken.shutdown()
         taken.server_close()
+
+
+def test_a_free_port_is_outside_the_kernels_ephemeral_range_and_in_this_processs_block():
+    # Neither an outgoing connection nor another test process's server can take it first.
+    low = conftest._ephemeral_low()
+    if conftest._PORT_BASE + (conftest._XDIST_INDEX + 1) * conftest.PORT_BLOCK > low:
+        pytest.skip(f"this machine's ephemeral ports start at {low}: free_port asks the kernel")
+    first = conftest._PORT_BASE + conftest._XDIST_INDEX * conftest.PORT_BLOCK
+    ports = [conftest.free_port() for _ in range(3)]
+    assert len(set(ports)) == 3
+    assert all(first <= port < first + conftest.PORT_BLOCK < low for port in ports)
+
+
+def test_a_free_port_passes_over_one_that_is_held(monkeypatch):
+    first = conftest._PORT_BASE + conftest._XDIST_INDEX * conftest.PORT_BLOCK
+    if first + conftest.PORT_BLOCK > conftest._ephemeral_low():
+        pytest.skip("this machine's ephemeral ports start low: free_port asks the kernel")
+    monkeypatch.setattr(conftest, "_next_port", [0])
+    held = conftest.free_port()
+    monkeypatch.setattr(conftest, "_next_port", [0])
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", held))
+        holder.listen()
+        assert conftest.free_port() == held + 1
