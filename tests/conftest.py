@@ -601,7 +601,8 @@ def _ephemeral_low() -> int:
 # process, from a random start (another run on the machine draws from the same blocks).
 PORT_BLOCK = 1000
 _PORT_BASE = 20000
-_XDIST_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+_XDIST_INDEX = int(_XDIST_WORKER) if _XDIST_WORKER.isdigit() else 0
 _next_port = [random.randrange(PORT_BLOCK)]
 _ports_lock = threading.Lock()
 
