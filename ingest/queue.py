@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from validation.event import CleanEvent
@@ -21,7 +22,7 @@ class Accepted(NamedTuple):
     account_id: int
     month: str  # quota month of the receipt, "YYYY-MM" (UTC)
     day: int  # UTC day of the receipt: whose visitor salt applies
-    events: list[CleanEvent]
+    events: Sequence[CleanEvent]  # the service queues a tuple (api/events.py)
     counted: int  # events that count toward the monthly quota
     # The tally_vid id the browser sent (POST /api/v1/collect), None from the events API.
     browser_id: str | None = None
