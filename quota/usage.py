@@ -119,7 +119,8 @@ class QuotaGuard:
                 # right with what it holds (the events being stored are still held), and
                 # a read now could count them twice: the request never waits for the
                 # commit, it uses that count until end_commit() brings the new one.
-                return self._with_unstored(key, entry)
+                return (entry[1] + self._unstored.get(key, 0),
+                        entry[2] + self._unstored_anonymous.get(key, 0))
             epoch, committing = self._epoch, self._committing
         count, anonymous = read_usage(self.db.conn(), *key)
         with self._lock:
