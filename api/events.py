@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import falcon
-
 import metrics
-from api.auth import Authenticator, key_scope
+from api.auth import Authenticator
 from api.bodies import parse_json, read_limited
 from api.caches import TTLCache
 from api.errors import forbidden, invalid_input, not_found, quota_exceeded, rate_limited
