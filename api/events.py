@@ -120,11 +120,9 @@ class EventsResource:
             month = self.months.name(now)
             usage_key = (site.account_id, month)
             # Accepted(...) without its generated __new__'s frame (every field given, in
-            # order). A tuple of events: the collector untracks the queued unit on its
-            # first pass (its fields hold no container it tracks), so the later passes
-            # over older objects no longer walk every event the queue holds.
+            # order).
             unit = _new_unit(Accepted, (site.id, site.account_id, month,
-                                        utc_day(int(now * 1000)), tuple(kept), counted,
+                                        utc_day(int(now * 1000)), kept, counted,
                                         browser_id, anonymous, links_identity))
             anonymous_counted = counted if anonymous else 0
             self.quota.hold(usage_key, counted, anonymous_counted)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from typing import NamedTuple
 
 from validation.event import CleanEvent
@@ -22,7 +21,7 @@ class Accepted(NamedTuple):
     account_id: int
     month: str  # quota month of the receipt, "YYYY-MM" (UTC)
     day: int  # UTC day of the receipt: whose visitor salt applies
-    events: Sequence[CleanEvent]  # the service queues a tuple (api/events.py)
+    events: list[CleanEvent]
     counted: int  # events that count toward the monthly quota
     # The tally_vid id the browser sent (POST /api/v1/collect), None from the events API.
     browser_id: str | None = None
