@@ -49,7 +49,11 @@ def counted_events(events: Iterable, anonymous: bool = False) -> int:
     Every anonymous event counts (POST /api/v1/collect): its `$identify` too."""
     if anonymous:
         return sum(1 for _ in events)
-    return sum(1 for event in events if event.name not in UNCOUNTED_EVENTS)
+    counted = 0
+    for event in events:
+        if event.name not in UNCOUNTED_EVENTS:
+            counted += 1
+    return counted
 
 
 class UtcMonths:
@@ -85,6 +89,9 @@ class QuotaGuard:
         # still in _unstored, so such a read is not kept.
         self._epoch = 0
         self._committing = False
+        # plan -> (cap, anonymous limit): fixed for the process, so not worked out per request.
+        self._limits = {name: (plan.cap, plan.anonymous_limit(keyed_reserve_percent))
+                        for name, plan in PLANS.items()}
 
     def over_cap(self, key: UsageKey, plan: str, anonymous: bool = False) -> bool:
         """Whether the account has used its plan's monthly cap (spec: 429 quota_exceeded).
@@ -94,8 +101,8 @@ class QuotaGuard:
         keyed traffic, so it always keeps the reserve. Anonymous events themselves also stop
         at that limit (`anonymous`)."""
         total, anonymous_count = self.usage(key)
-        limit = PLANS[plan].anonymous_limit(self.keyed_reserve_percent)
-        if total - max(0, anonymous_count - limit) >= PLANS[plan].cap:
+        cap, limit = self._limits[plan]
+        if total - max(0, anonymous_count - limit) >= cap:
             return True
         return anonymous and anonymous_count >= limit
 
@@ -112,7 +119,8 @@ class QuotaGuard:
                 # right with what it holds (the events being stored are still held), and
                 # a read now could count them twice: the request never waits for the
                 # commit, it uses that count until end_commit() brings the new one.
-                return self._with_unstored(key, entry)
+                return (entry[1] + self._unstored.get(key, 0),
+                        entry[2] + self._unstored_anonymous.get(key, 0))
             epoch, committing = self._epoch, self._committing
         count, anonymous = read_usage(self.db.conn(), *key)
         with self._lock:

@@ -368,6 +368,35 @@ def test_a_batch_the_queue_cannot_take_is_refused_before_it_is_parsed(small_queu
         restarted.stop(timeout=5)
 
 
+def test_every_field_of_a_single_event_is_stored_as_sent(small_queue, queued, db_path):
+    """What the request path queues (the validator's fields, the unit built without its
+    NamedTuple's __new__) is stored as sent, and read back so after a restart."""
+    client, site_id, key = queued
+    sent = pageview(site_id, u="https://example.com/pricing?utm_source=news", e="Signup",
+                    r="https://www.google.com/", t="Pricing", w=1280, l="en-US",
+                    uid="user-7", p={"plan": "pro"}, ip="2001:db8::1", ua=FIREFOX)
+    assert post(client, key, sent).status_int == 204
+    assert small_queue.flusher.flush_now(timeout=WAIT)
+    small_queue.stop(timeout=5)
+    restarted = create_app(config_for(db_path, queue_max=60))  # a restart on the data written
+    try:
+        client = webtest.TestApp(restarted)
+        assert post(client, key, pageview(site_id, e="after")).status_int == 204
+        assert restarted.flusher.flush_now(timeout=WAIT)
+    finally:
+        restarted.stop(timeout=5)
+    first, after = events(db_path)
+    assert {name: first[name] for name in ("name", "pathname", "url", "hostname", "referrer",
+                                           "title", "width", "language", "uid", "props",
+                                           "browser", "utm_source")} == {
+        "name": "Signup", "pathname": "/pricing",
+        "url": "https://example.com/pricing?utm_source=news", "hostname": "example.com",
+        "referrer": "https://www.google.com/", "title": "Pricing", "width": 1280,
+        "language": "en-US", "uid": "user-7", "props": '{"plan":"pro"}',
+        "browser": "Firefox", "utm_source": "news"}
+    assert after["name"] == "after"
+
+
 def test_nothing_is_lost_while_the_database_is_locked(small_queue, queued, db_path):
     client, site_id, key = queued
     assert post(client, key, pageview(site_id, e="before")).status_int == 204

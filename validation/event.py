@@ -129,6 +129,8 @@ def _site(body: dict) -> str:
 
 
 def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
+    # The hot path of every event: the helpers below (_fits, truncate_utf8) are inlined
+    # for ASCII text, which needs no encoding to measure or cut.
     get = obj.get
 
     sent_name = get("e")
@@ -140,26 +142,29 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
 
     url = get("u")
     match = None
-    if type(url) is str and _fits(url, URL_MAX_BYTES):
-        match = _HTTP_URL.match(url)
+    if type(url) is str and len(url) <= URL_MAX_BYTES and (
+            url.isascii() or len(url.encode()) <= URL_MAX_BYTES):
+        match = _url_match(url)
     if match is None:
         raise InvalidEvent(where + "u", MESSAGES["u"])
     # Interned, as the agent below: a full queue holds each page, host and referrer once,
     # and the hash computed here is the one the host check and the flush's caches use.
-    url = sys.intern(url)
-    host = sys.intern(match.group(1).lower().rstrip("."))
+    url = _intern(url)
+    host = _intern(match.group(1).lower().rstrip("."))
 
     referrer = get("r")
     if referrer is not None:
-        if type(referrer) is not str or not _fits(referrer, URL_MAX_BYTES):
+        if type(referrer) is not str or not (len(referrer) <= URL_MAX_BYTES and (
+                referrer.isascii() or len(referrer.encode()) <= URL_MAX_BYTES)):
             raise InvalidEvent(where + "r", MESSAGES["r"])
-        referrer = sys.intern(referrer)
+        referrer = _intern(referrer) if referrer else None
 
     title = get("t")
     if title is not None:
         if type(title) is not str:
             raise InvalidEvent(where + "t", MESSAGES["t"])
-        title = truncate_utf8(title, TITLE_MAX_BYTES)
+        title = title[:TITLE_MAX_BYTES] if title.isascii() else truncate_utf8(
+            title, TITLE_MAX_BYTES)
 
     width = get("w")
     if width is not None and (type(width) is not int or not 0 <= width <= WIDTH_MAX):
@@ -169,7 +174,8 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
     if language is not None:
         if type(language) is not str:
             raise InvalidEvent(where + "l", MESSAGES["l"])
-        language = truncate_utf8(language, LANGUAGE_MAX_BYTES)
+        language = language[:LANGUAGE_MAX_BYTES] if language.isascii() else truncate_utf8(
+            language, LANGUAGE_MAX_BYTES)
 
     uid = get("uid")
     if uid is None:
@@ -183,10 +189,13 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
     if props is not None:
         if type(props) is not dict:
             raise InvalidEvent(where + "p", MESSAGES["p"])
-        text = orjson.dumps(props)
-        if len(text) > PROPS_MAX_BYTES:
-            raise InvalidEvent(where + "p", MESSAGES["p"])
-        props = text.decode() if props else None
+        if props:
+            text = _dumps(props)
+            if len(text) > PROPS_MAX_BYTES:
+                raise InvalidEvent(where + "p", MESSAGES["p"])
+            props = text.decode()
+        else:
+            props = None
 
     ts = get("ts")
     if ts is None:
@@ -199,7 +208,11 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
     ip = get("ip")
     ip_packed = None
     if ip is not None:
-        ip_packed = pack_ip(ip) if type(ip) is str else None
+        if type(ip) is str:
+            try:
+                ip_packed = _inet_pton(_AF_INET, ip)
+            except OSError:
+                ip_packed = pack_ip(ip)
         if ip_packed is None:
             raise InvalidEvent(where + "ip", MESSAGES["ip"])
 
@@ -208,12 +221,21 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
         if type(ua) is not str:
             raise InvalidEvent(where + "ua", MESSAGES["ua"])
         # Its hash, computed here, is the one the bot check and the flush's parser cache use.
-        ua = sys.intern(ua)
+        ua = _intern(ua)
     elif ua is not None and type(ua) is not str:
         raise InvalidEvent(where + "ua", MESSAGES["ua"])
 
-    return CleanEvent(name, ts, url, host, match.end(), referrer or None, title, width,
-                      language, uid, props, ip_packed, ua or None)
+    return _new_event(CleanEvent, (name, ts, url, host, match.end(), referrer, title, width,
+                                   language, uid, props, ip_packed, ua or None))
+
+
+_url_match = _HTTP_URL.match
+_intern = sys.intern
+_dumps = orjson.dumps
+_inet_pton = socket.inet_pton
+_AF_INET = socket.AF_INET
+# CleanEvent(...) less its generated __new__'s Python frame: the fields are given in order.
+_new_event = tuple.__new__
 
 
 def _fits(text: str, limit: int) -> bool:
