@@ -185,10 +185,11 @@ class _Visits:
             self.by_visitor[key] = [session]
         self.links.append((key[0], key[1], session.id))
 
-    def final_ids(self, conn: Connection) -> dict[int, int]:
-        """Give the new sessions their final ids (storage.sessions.final_session_ids,
+    def final_ids(self, conn: Connection, final: list[int] | None = None) -> dict[int, int]:
+        """Give the new sessions their final ids (`final`, or storage.sessions.final_session_ids,
         under the write lock): provisional id -> final id."""
-        final = final_session_ids(conn, len(self.new))
+        if final is None:
+            final = final_session_ids(conn, len(self.new))
         renamed = {}
         for session, session_id in zip(self.new, final, strict=True):
             renamed[session.id] = session.id = session_id
@@ -346,13 +347,20 @@ class SessionPlan:
         self.write_changes(conn)
         return session_ids
 
-    def write_sessions(self, conn: Connection) -> list[int | None]:
-        """The first part of write(): the new sessions, with their final ids; each hit's
-        final session id."""
+    @property
+    def new_sessions(self) -> int:
+        """How many sessions the plan opens."""
+        return len(self.visits.new) if self.visits is not None else 0
+
+    def write_sessions(self, conn: Connection,
+                       final_ids: list[int] | None = None) -> list[int | None]:
+        """The first part of write(): the new sessions, with their final ids (`final_ids`
+        when the caller took them already, one for each of new_sessions, ascending); each
+        hit's final session id."""
         session_ids = self.session_ids
         visits = self.visits
         if visits is not None:
-            renamed = visits.final_ids(conn)
+            renamed = visits.final_ids(conn, final_ids)
             if renamed:
                 session_ids = [renamed.get(sid, sid) for sid in session_ids]
             visits.write_new(conn)

@@ -32,6 +32,7 @@ def _counting() -> bool:
 _LABELS = [
     (r"^COPY \"?sessions", "COPY sessions"),
     (r"^COPY \"?events", "COPY events"),
+    (r"^WITH sequence AS .* SELECT ARRAY\(SELECT id FROM sites", "sites stored + new sessions' ids"),
     (r"^WITH sequence AS", "new sessions' ids (nextval)"),
     (r"^SELECT o\.id, o\.started_at", "stored sessions of the visitors"),
     (r"^INSERT INTO session_visitors", "INSERT session_visitors (unnest)"),
@@ -41,6 +42,7 @@ _LABELS = [
     (r"^INSERT INTO monthly_usage", "monthly_usage upsert"),
     (r"^SELECT id FROM sites", "sites stored (check)"),
     (r"^SELECT salt FROM visitor_salts", "visitor salt"),
+    (r"^SELECT day, salt FROM visitor_salts", "previous days' visitor salts"),
     (r"^SELECT .*FROM sites", "site hosts"),
     (r"^COMMIT", "COMMIT"),
 ]

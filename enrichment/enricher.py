@@ -22,7 +22,7 @@ from enrichment.visitor import VisitorSalts, hashed_visitor_id, visitor_hasher
 from storage.connection import Connection
 from storage.db import Database
 from storage.events import EventRow, new_event_row
-from storage.salts import read_salt
+from storage.salts import read_salts
 from validation.event import CleanEvent
 from vocabulary import DAY_MS, IDENTIFY, SESSION_GAP_MS, TS_FUTURE_MS
 
@@ -154,18 +154,20 @@ class Enricher:
 
 def previous_visitor_ids(conn: Connection, batch: EventBatch) -> list[int | None]:
     """Each row's visitor id under the salt of the day before its receipt day (None where
-    not needed or that salt is gone), read in the flush transaction. A salt not stored is
-    never created here: no visit can have been recorded under it."""
+    not needed or that salt is gone). The salts of every day the batch reaches back to are
+    read in the flush transaction, in one statement. A salt not stored is never created
+    here: no visit can have been recorded under it."""
     previous: list[int | None] = [None] * len(batch.rows)
-    salts: dict[int, bytes | None] = {}
+    reaching_back = batch.reaching_back
+    if not reaching_back:
+        return previous
+    salts = read_salts(conn, {unit.day - 1 for _, unit, _ in reaching_back})
     hashers: dict[tuple[int, int], object] = {}  # (day, site id) -> keyed hash
-    for index, unit, event in batch.reaching_back:
+    for index, unit, event in reaching_back:
         day, site_id = unit.day - 1, unit.site_id
         hasher = hashers.get((day, site_id), False)
         if hasher is False:
-            if day not in salts:
-                salts[day] = read_salt(conn, day)
-            salt = salts[day]
+            salt = salts.get(day)
             hasher = hashers[(day, site_id)] = (None if salt is None
                                                 else visitor_hasher(salt, site_id))
         if hasher is not None:

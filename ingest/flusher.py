@@ -252,18 +252,19 @@ class Flusher:
                       " (tally deadletter list)", stored, set_aside)
 
     def _write(self, conn: Connection, units: list[Accepted]) -> int:
-        batch = enrich(self.enricher, conn, units)
-        # On SQLite, one writer at a time: the batch is decided before the write lock
-        # (BatchWriter.prepare) and only written under it.
-        prepare = getattr(self.write, "prepare", None)
-        if prepare is None or self.db.dialect != "sqlite":
-            self._commit(conn, batch, {unit.site_id for unit in units})
-            return len(batch.rows)
-        # The collector waits from the decision to the commit: the plan's objects are
-        # young until then, and a pass between the two steps would traverse them all.
+        # The collector waits from enrich to the commit: the batch's and the plan's objects
+        # are young until then, and a pass between two steps would traverse them all (on
+        # PostgreSQL such passes cost the flush thread about 0.5 us an event).
         with collector_paused():
-            prepared = prepare(conn, batch)
-            self._commit(conn, batch, {unit.site_id for unit in units}, prepared)
+            batch = enrich(self.enricher, conn, units)
+            sites = {unit.site_id for unit in units}
+            # On SQLite, one writer at a time: the batch is decided before the write lock
+            # (BatchWriter.prepare) and only written under it.
+            prepare = getattr(self.write, "prepare", None)
+            if prepare is None or self.db.dialect != "sqlite":
+                self._commit(conn, batch, sites)
+            else:
+                self._commit(conn, batch, sites, prepare(conn, batch))
         return len(batch.rows)
 
     def _set_aside(self, conn: Connection, units: list[Accepted], reason: str) -> None:

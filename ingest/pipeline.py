@@ -64,10 +64,11 @@ def decide(conn: Connection, batch: EventBatch,
 def write_decided(conn: Connection, batch: EventBatch, decided: Decided) -> None:
     """The writes of the steps, in the caller's transaction; fills batch.usage_totals."""
     with collector_paused():
-        refuse_missing_sites(conn, batch.rows)
+        # On PostgreSQL the site check also takes the new sessions' ids: one round trip.
+        session_ids = refuse_missing_sites(conn, batch.rows, decided.sessions.new_sessions)
         if decided.links:
             BrowserVisitors.write(conn, decided.links)
-        insert_events(conn, batch.rows, write_sessions(conn, decided.sessions))
+        insert_events(conn, batch.rows, write_sessions(conn, decided.sessions, session_ids))
         # After the COPYs (a COPY cannot be pipelined): the stored sessions' changes, the
         # links and the usage go out together and are read back once.
         with pipelined(conn):
@@ -78,9 +79,11 @@ def write_decided(conn: Connection, batch: EventBatch, decided: Decided) -> None
             batch.anonymous_totals[key] = anonymous
 
 
-def write_sessions(conn: Connection, plan: SessionPlan) -> list[int | None]:
-    """The batch's new sessions; each row's final session id."""
-    return plan.write_sessions(conn)
+def write_sessions(conn: Connection, plan: SessionPlan,
+                   final_ids: list[int] | None = None) -> list[int | None]:
+    """The batch's new sessions (their final ids `final_ids` when taken already); each
+    row's final session id."""
+    return plan.write_sessions(conn, final_ids)
 
 
 def write_session_changes(conn: Connection, plan: SessionPlan) -> None:

@@ -73,19 +73,39 @@ class SiteNotStored(Exception):
 
 
 _STORED_SITES = native("postgres", "SELECT id FROM sites WHERE id = ANY(?::bigint[])")
+# The same check and the ids of the flush's new sessions from their sequence (looked up
+# once, as storage.sessions.final_session_ids does), in one statement: one round trip.
+_STORED_SITES_AND_SESSION_IDS = native(
+    "postgres",
+    "WITH sequence AS MATERIALIZED (SELECT pg_get_serial_sequence('sessions', 'id')::regclass"
+    " AS id) SELECT ARRAY(SELECT id FROM sites WHERE id = ANY(?::bigint[])),"
+    " ARRAY(SELECT nextval(sequence.id) FROM sequence CROSS JOIN generate_series(1, ?)"
+    " ORDER BY 1)")
 
 
-def refuse_missing_sites(conn: sqlite3.Connection, rows: Collection[EventRow]) -> None:
+def refuse_missing_sites(conn: sqlite3.Connection, rows: Collection[EventRow],
+                         new_sessions: int = 0) -> list[int] | None:
     """Raise SiteNotStored unless the site of every row is stored. The flush calls it in
     its transaction, holding these sites' locks: on PostgreSQL events, sessions and their
     visitor links carry no foreign key to sites (schema_postgres.sql, "Checked by the
-    flush"), so this one query stands for a check per row. SQLite's foreign keys check."""
+    flush"), so this one query stands for a check per row. SQLite's foreign keys check.
+
+    On PostgreSQL the same statement takes the final ids of the batch's `new_sessions` new
+    sessions, and they are returned (ascending, as storage.sessions.final_session_ids
+    gives them); None on SQLite, or with no rows."""
     if dialect(conn) != "postgres" or not rows:
-        return
+        return None
     wanted = {row.site_id for row in rows}
-    missing = wanted.difference(row[0] for row in conn.execute(_STORED_SITES, (list(wanted),)))
+    if new_sessions:
+        stored, session_ids = conn.execute(_STORED_SITES_AND_SESSION_IDS,
+                                           (list(wanted), new_sessions)).fetchone()
+    else:
+        stored = [row[0] for row in conn.execute(_STORED_SITES, (list(wanted),))]
+        session_ids = []
+    missing = wanted.difference(stored)
     if missing:
         raise SiteNotStored(f"site {min(missing)} is not stored (removed)")
+    return session_ids
 
 
 def insert_events(conn: sqlite3.Connection, rows: Sequence[EventRow],

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
+
+import orjson
 
 from storage.statements import statement
 
 _READ_SALT = statement("SELECT salt FROM visitor_salts WHERE day = ?")
+# On PostgreSQL `day = ANY(?)` with the days as an array (storage.statements).
+_READ_SALTS = statement(
+    "SELECT day, salt FROM visitor_salts WHERE day IN (SELECT value FROM json_each(?))")
 _INSERT_SALT = statement(
     "INSERT OR IGNORE INTO visitor_salts (day, salt, created_at) VALUES (?, ?, ?)")
 _DELETE_SALTS_BEFORE = statement("DELETE FROM visitor_salts WHERE day < ?")
@@ -15,6 +21,16 @@ _DELETE_SALTS_BEFORE = statement("DELETE FROM visitor_salts WHERE day < ?")
 def read_salt(conn: sqlite3.Connection, day: int) -> bytes | None:
     row = conn.execute(_READ_SALT, (day,)).fetchone()
     return row[0] if row else None
+
+
+def read_salts(conn: sqlite3.Connection, days: Iterable[int]) -> dict[int, bytes]:
+    """The stored salt of each of `days` that has one (a day without one is left out), in
+    one statement: the flush reads every day its batch reaches back to in one round trip."""
+    wanted = sorted(set(days))
+    if not wanted:
+        return {}
+    return {day: salt for day, salt in
+            conn.execute(_READ_SALTS, (orjson.dumps(wanted).decode(),))}
 
 
 def insert_salt(conn: sqlite3.Connection, day: int, salt: bytes, created_at_ms: int) -> None:

@@ -10,8 +10,9 @@ from enrichment.enricher import Enricher, previous_visitor_ids
 from ingest import pipeline
 from ingest.queue import Accepted
 from storage.backend import open_database
-from storage.events import EVENT_COLUMNS, EventRow
-from tests.conftest import FakeClock, config_for, counting_bytes
+from storage.events import EVENT_COLUMNS, EventRow, SiteNotStored, refuse_missing_sites
+from storage.sessions import final_session_ids
+from tests.conftest import FakeClock, config_for, counting_bytes, is_postgres
 from validation.event import parse_events
 from vocabulary import IDENTIFY
 
@@ -78,3 +79,24 @@ def test_the_collector_waits_while_a_step_runs_and_only_then():
         assert not gc.isenabled()  # left as the caller had it
     finally:
         gc.enable()
+
+
+def test_the_site_check_takes_the_new_sessions_ids_in_its_statement(db, db_path):
+    enricher = Enricher(db, FakeClock(NOW_MS / 1000), counting_bytes())
+    conn = db.conn()
+    batch = pipeline.enrich(enricher, conn, [unit(
+        {"e": "pageview", "u": "https://example.com/a", "ip": "81.2.69.142", "ua": "curl/8"})])
+    removed = [row._replace(site_id=2) for row in batch.rows]
+    with db.transaction(conn):
+        if not is_postgres(db_path):  # SQLite's foreign keys check; its ids come later
+            assert refuse_missing_sites(conn, batch.rows, 3) is None
+            assert refuse_missing_sites(conn, removed, 3) is None
+            return
+        taken = refuse_missing_sites(conn, batch.rows, 3)
+        assert taken == sorted(taken) and len(set(taken)) == 3
+        assert refuse_missing_sites(conn, batch.rows) == []
+        later = final_session_ids(conn, 2)
+        assert min(later) > max(taken)
+        for new_sessions in (0, 2):
+            with pytest.raises(SiteNotStored, match="site 2 is not stored"):
+                refuse_missing_sites(conn, batch.rows + removed, new_sessions)
