@@ -1,6 +1,7 @@
 """Payments straight through storage.payments.PaymentStore on PostgreSQL, no HTTP.
 
     .venv/bin/python -m bench.postgres_payments [--url URL] [--payments 600] [--clients 1 8 32]
+        [--writers 2 --modes shared exclusive --rounds 4]
 
 Into a fresh database of the server at --url (default TALLY_BENCH_DATABASE_URL or the test
 server), one site: for each number of clients, `--payments` upserts shared among that many
@@ -11,6 +12,12 @@ this process, and the round trips a payment cost: the times the writer waited fo
 server's results (a pipeline's sync or end), over the payments. Each payment has a customer (500 of them, so most upserts merge one) and a
 subscription (300, so most refresh one). Compare two versions of the code back to back on
 one machine; the server's CPU a payment is the figure load disturbs least.
+
+`--writers 2` splits the clients over two PaymentStores (two payment writers on connections
+of their own, as two workers have), and `--modes shared exclusive` runs each number of
+clients once a mode, alternated `--rounds` times: `exclusive` takes the sites' locks
+exclusively and no per-payment locks, as the writer did before payments of one site ran in
+parallel (docs/perf-notes.md), so both are compared in one process on one machine.
 """
 
 from __future__ import annotations
@@ -65,7 +72,25 @@ def counted_round_trips():
         psycopg.Pipeline.sync, psycopg.Pipeline.__exit__ = sync, leave
 
 
-def run_round(db, store: PaymentStore, site_id: int, clients: int, payments: int,
+@contextlib.contextmanager
+def site_locks(mode: str):
+    """`exclusive`: the payment writers' groups without their per-payment locks, so with
+    their sites' locks exclusive (PostgresDatabase.grouped_transaction without lock_items)."""
+    from storage.postgres import PostgresDatabase
+
+    original = PostgresDatabase.grouped_transaction
+    if mode == "exclusive":
+        def grouped_transaction(self, *args, lock_items=None, **options):
+            return original(self, *args, **options)
+
+        PostgresDatabase.grouped_transaction = grouped_transaction
+    try:
+        yield
+    finally:
+        PostgresDatabase.grouped_transaction = original
+
+
+def run_round(db, stores: list[PaymentStore], site_id: int, clients: int, payments: int,
               first: int, url: str) -> str:
     each = max(1, payments // clients)
     waits: list[list[float]] = [[] for _ in range(clients)]
@@ -73,7 +98,7 @@ def run_round(db, store: PaymentStore, site_id: int, clients: int, payments: int
     def upserts(k: int) -> None:
         for n in range(first + k * each, first + (k + 1) * each):
             started = time.perf_counter()
-            store.upsert(site_id, payment(n))
+            stores[k % len(stores)].upsert(site_id, payment(n))
             db.release()
             waits[k].append(time.perf_counter() - started)
 
@@ -105,23 +130,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--payments", type=int, default=600, help="upserts a round")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32],
                         help="a round for each: threads upserting at once")
+    parser.add_argument("--writers", type=int, default=1,
+                        help="payment writers the clients are spread over (one a worker)")
+    parser.add_argument("--modes", nargs="+", choices=("shared", "exclusive"),
+                        default=["shared"], help="the sites' locks of the payment writers")
+    parser.add_argument("--rounds", type=int, default=1, help="times each mode runs")
     args = parser.parse_args(argv)
     with postgres_database(args.url, "bench_payments") as url:
         db = open_database(Config(database_url=url))
-        store = None
+        stores: list[PaymentStore] = []
         try:
             directory = Directory(db, time.time)
             account = directory.create_account("Bench", "scale")
             site = directory.find_site(directory.create_site(account["id"], ["a.example"])["id"])
             db.release()
-            store = PaymentStore(db, time.time)
+            stores = [PaymentStore(db, time.time) for _ in range(args.writers)]
             first = 0
-            for clients in args.clients:
-                print(run_round(db, store, site.id, clients, args.payments, first, url),
-                      flush=True)
-                first += args.payments
+            for round_ in range(args.rounds):
+                for mode in args.modes:
+                    for clients in args.clients:
+                        with site_locks(mode):
+                            line = run_round(db, stores, site.id, clients, args.payments,
+                                             first, url)
+                        print(f"round {round_ + 1} {mode:>9}: {line}", flush=True)
+                        first += args.payments
         finally:
-            if store is not None and hasattr(store, "stop"):
+            for store in stores:
                 store.stop()
             db.close()
     return 0

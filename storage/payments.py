@@ -186,6 +186,48 @@ _PG_PAYMENT_WITH_SUBSCRIPTION = native("postgres", (
     " updated_at = excluded.updated_at"))
 
 
+# On PostgreSQL the payment writers of one site (one a worker, one a host) write at the
+# same time: they hold the site's lock shared, which the flush and the site's other
+# writers take exclusively. What two of them may both write is serialized by locks of
+# these statements, taken before any row: each payment's and its customer's (a
+# payment's statement reads the rows of its payment id under its snapshot, and two
+# groups locking customer rows in opposite orders would deadlock), then, once no other
+# group can move these payments, each subscription the group writes or moves a payment
+# off (a payment's statement copies its subscription's latest observation under its
+# snapshot, so another group's observation of the same subscription must be committed
+# or not begun). Each statement takes its locks in key order, and every group takes
+# the first's before the second's, so two groups never wait for each other in a cycle.
+# ?1 the sites, ?2 the payment ids, ?3 the customer ids, in the same order.
+_PG_LOCK_PAYMENTS = native("postgres", (
+    "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(concat_ws(chr(31),"
+    " current_schema(), u.site, u.kind, u.id), 0) AS k FROM"
+    " (SELECT site, 'payment' AS kind, payment AS id FROM unnest(?1::bigint[], ?2::text[]) AS p (site, payment)"
+    "  UNION ALL SELECT site, 'customer', customer FROM unnest(?1::bigint[], ?3::text[]) AS c (site, customer)) u"
+    ") l ORDER BY k"))
+# ?1 the sites, ?2 the payment ids, ?3 their subscriptions (NULL: none), in the same order.
+_PG_LOCK_SUBSCRIPTIONS = native("postgres", (
+    "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(concat_ws(chr(31),"
+    " current_schema(), u.site, 'subscription', u.id), 0) AS k FROM"
+    " (SELECT site, subscription AS id FROM unnest(?1::bigint[], ?3::text[]) AS n (site, subscription)"
+    "  WHERE subscription IS NOT NULL"
+    "  UNION ALL SELECT o.site_id, o.subscription_id FROM unnest(?1::bigint[], ?2::text[]) AS p (site, payment)"
+    "  JOIN subscription_observations o ON o.site_id = p.site AND o.payment_id = p.payment) u"
+    ") l ORDER BY k"))
+
+
+def lock_payments(conn, items: list[tuple[int, Payment]]):
+    """Take the PostgreSQL locks that let these payments (site, payment) be written while
+    other payment writers of their sites write theirs (above); returns the last
+    statement's cursor."""
+    sites = [site_id for site_id, _ in items]
+    ids = [payment.payment_id for _, payment in items]
+    conn.execute(_PG_LOCK_PAYMENTS,
+                 (sites, ids, [payment.customer.id for _, payment in items]))
+    return conn.execute(_PG_LOCK_SUBSCRIPTIONS, (sites, ids, [
+        None if payment.subscription is None else payment.subscription.id
+        for _, payment in items]))
+
+
 # The most payments one group transaction takes: bounds how long the write lock is held
 # (about 0.3 ms of statements a payment) while the rest wait for the next group.
 MAX_GROUP = 256
@@ -450,8 +492,10 @@ class GroupCommit:
         # Grows the group in place: _run answers and _store fails every payment in it.
         if dialect(conn) == "postgres":
             sites = frozenset(waiting.site_id for waiting in group)
-            failures = self.db.grouped_transaction(conn, group, write, sites=sorted(sites),
-                                                   more=self._more(group, sites))
+            failures = self.db.grouped_transaction(
+                conn, group, write, sites=sorted(sites), more=self._more(group, sites),
+                lock_items=lambda items: lock_payments(
+                    conn, [(waiting.site_id, waiting.payment) for waiting in items]))
         else:
             failures = self.db.grouped_transaction(conn, group, write, more=self._more(group))
         for waiting, failure in zip(group, failures, strict=True):

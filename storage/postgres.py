@@ -12,8 +12,12 @@ advisory lock exclusively; a site write (`transaction(sites=...)`: the flush, a 
 takes it shared, plus a lock per site it writes, in site order. What the site writers
 share needs no lock of theirs: session ids come from the sessions' sequence
 (storage/sessions.py), monthly usage is added by an atomic upsert, and sessions, first
-touches, customers and payments belong to one site. Readers never take a lock. A lock or
-connection failure surfaces as StorageBusy, a 503.
+touches, customers and payments belong to one site. The payment writers take their sites'
+locks shared, so the payment groups of one site (one writer a worker) run at once, and
+serialize among themselves by locks of each payment, customer and subscription
+(storage/payments.py lock_payments); the flush, which takes the site's lock exclusively,
+still waits for them and they for it. Readers never take a lock. A lock or connection
+failure surfaces as StorageBusy, a 503.
 """
 
 from __future__ import annotations
@@ -77,6 +81,11 @@ _SHARED_LOCK = ("SELECT pg_advisory_xact_lock_shared(%s::integer,"
 _SITE_LOCKS = ("SELECT pg_advisory_xact_lock(%s::integer,"
                " hashtext(coalesce(current_schema(), '')) # s::integer)"
                " FROM unnest(%s::bigint[]) WITH ORDINALITY AS u (s, n) ORDER BY n")
+# The same locks shared: for the payment writers, which serialize what they share by locks
+# of their own (storage/payments.py), and which the flush and the sites' other writers
+# (exclusive) still exclude. A shared request waits behind an exclusive one already
+# waiting, so a stream of payment groups never starves the flush.
+_SHARED_SITE_LOCKS = _SITE_LOCKS.replace("pg_advisory_xact_lock(", "pg_advisory_xact_lock_shared(")
 # Applying the schema waits longer than a request would for the write lock: another host
 # starting at the same time holds it for as long as the script runs.
 SCHEMA_LOCK_TIMEOUT_MS = 60_000
@@ -400,25 +409,28 @@ class PostgresConnection:
             cursor.execute(_LOCK, (WRITE_LOCK_KEY,))
         return PostgresCursor(cursor)
 
-    def begin_sites(self, sites: Collection[int]) -> psycopg.Cursor:
+    def begin_sites(self, sites: Collection[int], *, shared: bool = False) -> psycopg.Cursor:
         """BEGIN a transaction that writes only these sites' rows (module doc): the three
         statements go in one round trip (in the caller's pipeline, if it has one). Returns
-        the cursor of the site locks, which has a result once they are held."""
+        the cursor of the site locks, which has a result once they are held. `shared`:
+        the sites' locks shared, for writers that serialize among themselves otherwise
+        (the payment writers)."""
         if self.pipelined:
-            return self._begin_sites(sites, prepare=None)
+            return self._begin_sites(sites, shared, prepare=None)
         # Never prepared here: a lock not had in time fails this pipeline part way, and
         # the flush retries on the same connection (pipeline() would make it stop
         # preparing).
         with self.raw.pipeline():
-            return self._begin_sites(sites, prepare=False)
+            return self._begin_sites(sites, shared, prepare=False)
 
-    def _begin_sites(self, sites: Collection[int], prepare: bool | None) -> psycopg.Cursor:
+    def _begin_sites(self, sites: Collection[int], shared: bool,
+                     prepare: bool | None) -> psycopg.Cursor:
         cursor = self.raw.cursor()
         cursor.execute("BEGIN", prepare=prepare)
         cursor.execute(_SHARED_LOCK, (WRITE_LOCK_KEY,), prepare=prepare)
         locks = self.raw.cursor()
-        locks.execute(_SITE_LOCKS, (SITE_LOCK_KEY, sorted(int(site) for site in sites)),
-                      prepare=prepare)
+        locks.execute(_SHARED_SITE_LOCKS if shared else _SITE_LOCKS,
+                      (SITE_LOCK_KEY, sorted(int(site) for site in sites)), prepare=prepare)
         return locks
 
     @contextmanager
@@ -814,7 +826,9 @@ class PostgresDatabase:
 
     def grouped_transaction(self, conn: PostgresConnection, items: list,
                             write: Callable[[object], None], *, sites: Collection[int],
-                            more: Callable[[], list] | None = None) -> list[BaseException | None]:
+                            more: Callable[[], list] | None = None,
+                            lock_items: Callable[[list], PostgresCursor] | None = None,
+                            ) -> list[BaseException | None]:
         """One transaction for all `items`, holding the locks of `sites` (as transaction(sites=)
         does), each item written by `write(item)` inside a SAVEPOINT of its own: an item whose
         write fails is rolled back alone. Returns each item's failure (None: stored), a
@@ -835,9 +849,14 @@ class PostgresDatabase:
         error there leaves nothing of the group stored, and then the group runs again as
         above, item by item. With `more`, the locks are waited for first (a round trip of
         their own), and `more()` then gives items that arrived meanwhile, of `sites` only:
-        they are appended to `items` (the caller's list) and written too."""
+        they are appended to `items` (the caller's list) and written too.
+
+        With `lock_items`, the sites' locks are taken shared (the flush and the sites'
+        other writers still exclude the group) and `lock_items(items)` sends, before any
+        item, the statements that take the locks the items need against other such
+        groups, returning the cursor of the last; their failure is the group's."""
         try:
-            if _all_at_once(conn, items, write, sites, more):
+            if _all_at_once(conn, items, write, sites, more, lock_items):
                 return [None] * len(items)
         except BaseException as exc:
             conn.stop_preparing()
@@ -850,7 +869,9 @@ class PostgresDatabase:
         try:
             with conn.pipeline():
                 pipeline = conn.pipelined
-                conn.begin_sites(sites)
+                conn.begin_sites(sites, shared=lock_items is not None)
+                if lock_items is not None:
+                    lock_items(items)
                 pipeline.sync()  # the locks' failure is the group's, not its first item's
                 cursor = conn.raw.cursor()
                 for item in items:
@@ -943,7 +964,8 @@ def is_conflict(exc: BaseException) -> bool:
 
 
 def _all_at_once(conn: PostgresConnection, items: list, write: Callable[[object], None],
-                 sites: Collection[int], more: Callable[[], list] | None = None) -> bool:
+                 sites: Collection[int], more: Callable[[], list] | None = None,
+                 lock_items: Callable[[list], PostgresCursor] | None = None) -> bool:
     """grouped_transaction's group in one pipelined transaction without SAVEPOINTs. True:
     committed. False: an item failed and the transaction was rolled back. Raises what the
     group as a whole fails with (the locks, the connection, a deadlock or serialization
@@ -951,10 +973,12 @@ def _all_at_once(conn: PostgresConnection, items: list, write: Callable[[object]
     locks = None
     try:
         with conn.pipeline():
-            locks = conn.begin_sites(sites)
+            locks = conn.begin_sites(sites, shared=lock_items is not None)
             if more is not None:
                 conn.pipelined.sync()  # the locks held: what arrived meanwhile joins
                 items.extend(more())
+            if lock_items is not None:
+                locks = lock_items(items)._cursor
             for item in items:
                 write(item)
             conn.commit()
