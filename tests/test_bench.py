@@ -312,3 +312,11 @@ def test_the_reads_bench_puts_the_postgresql_server_in_a_cpu_group_and_back():
     except CpuWeightUnavailable as exc:  # bench tooling, not a part of Tally
         pytest.skip(f"SKIPPED LOUDLY: no CPU group for the PostgreSQL server here: {exc}")
     assert not group.exists() and cpu_group(postmaster) == where
+
+
+def test_the_ceilings_requests_carry_an_authorization_header_of_tallys_shape():
+    # Tally's single events carry one; the ceiling's requests must cost gunicorn the same.
+    from bench.run import CEILING_KEY
+    from storage.directory import KEY_PATTERN
+
+    assert KEY_PATTERN.fullmatch(CEILING_KEY)
