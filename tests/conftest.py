@@ -488,6 +488,14 @@ def store(db_path):
     db.close()
 
 
+@pytest.fixture
+def one_site_db(store):
+    """`store` with example.com as site 1's host, for the flush's steps below the HTTP layer."""
+    with store.transaction() as conn:
+        conn.execute("INSERT INTO site_hosts (site_id, host) VALUES (1, 'example.com')")
+    return store
+
+
 def database_dump(db_path: str) -> str:
     """Everything stored, as text: SQLite's iterdump, or pg_dump of the test's schema."""
     if not is_postgres(db_path):

@@ -9,10 +9,9 @@ import pytest
 from enrichment.enricher import Enricher, previous_visitor_ids
 from ingest import pipeline
 from ingest.queue import Accepted
-from storage.backend import open_database
 from storage.events import EVENT_COLUMNS, EventRow, SiteNotStored, refuse_missing_sites
 from storage.sessions import final_session_ids
-from tests.conftest import FakeClock, config_for, counting_bytes, is_postgres
+from tests.conftest import FakeClock, counting_bytes, is_postgres
 from validation.event import parse_events
 from vocabulary import IDENTIFY
 
@@ -20,14 +19,8 @@ NOW_MS = 1_790_000_000_000
 
 
 @pytest.fixture
-def db(db_path):
-    database = open_database(config_for(db_path))
-    conn = database.conn()
-    conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
-    conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 's', 1, 0)")
-    conn.execute("INSERT INTO site_hosts (site_id, host) VALUES (1, 'example.com')")
-    yield database
-    database.close()
+def db(one_site_db):
+    return one_site_db
 
 
 def unit(*elements: dict) -> Accepted:

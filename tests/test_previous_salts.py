@@ -31,14 +31,8 @@ def open_db(db_path: str):
 
 
 @pytest.fixture
-def db(db_path):
-    database = open_db(db_path)
-    conn = database.conn()
-    conn.execute("INSERT INTO accounts (id, public_id, name, created_at) VALUES (1, 'a', 'A', 0)")
-    conn.execute("INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 's', 1, 0)")
-    conn.execute("INSERT INTO site_hosts (site_id, host) VALUES (1, 'example.com')")
-    yield database
-    database.close()
+def db(one_site_db):
+    return one_site_db
 
 
 class Counting:
