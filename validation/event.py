@@ -129,8 +129,6 @@ def _site(body: dict) -> str:
 
 
 def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
-    # The hot path of every event: the helpers below (_fits, truncate_utf8) are inlined
-    # for ASCII text, which needs no encoding to measure or cut.
     get = obj.get
 
     sent_name = get("e")
@@ -142,8 +140,7 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
 
     url = get("u")
     match = None
-    if type(url) is str and len(url) <= URL_MAX_BYTES and (
-            url.isascii() or len(url.encode()) <= URL_MAX_BYTES):
+    if type(url) is str and _fits(url, URL_MAX_BYTES):
         match = _url_match(url)
     if match is None:
         raise InvalidEvent(where + "u", MESSAGES["u"])
@@ -154,8 +151,7 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
 
     referrer = get("r")
     if referrer is not None:
-        if type(referrer) is not str or not (len(referrer) <= URL_MAX_BYTES and (
-                referrer.isascii() or len(referrer.encode()) <= URL_MAX_BYTES)):
+        if type(referrer) is not str or not _fits(referrer, URL_MAX_BYTES):
             raise InvalidEvent(where + "r", MESSAGES["r"])
         referrer = _intern(referrer) if referrer else None
 
@@ -163,8 +159,7 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
     if title is not None:
         if type(title) is not str:
             raise InvalidEvent(where + "t", MESSAGES["t"])
-        title = title[:TITLE_MAX_BYTES] if title.isascii() else truncate_utf8(
-            title, TITLE_MAX_BYTES)
+        title = truncate_utf8(title, TITLE_MAX_BYTES)
 
     width = get("w")
     if width is not None and (type(width) is not int or not 0 <= width <= WIDTH_MAX):
@@ -174,8 +169,7 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
     if language is not None:
         if type(language) is not str:
             raise InvalidEvent(where + "l", MESSAGES["l"])
-        language = language[:LANGUAGE_MAX_BYTES] if language.isascii() else truncate_utf8(
-            language, LANGUAGE_MAX_BYTES)
+        language = truncate_utf8(language, LANGUAGE_MAX_BYTES)
 
     uid = get("uid")
     if uid is None:
@@ -209,10 +203,7 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
     ip_packed = None
     if ip is not None:
         if type(ip) is str:
-            try:
-                ip_packed = _inet_pton(_AF_INET, ip)
-            except OSError:
-                ip_packed = pack_ip(ip)
+            ip_packed = pack_ip(ip)
         if ip_packed is None:
             raise InvalidEvent(where + "ip", MESSAGES["ip"])
 
@@ -232,8 +223,6 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
 _url_match = _HTTP_URL.match
 _intern = sys.intern
 _dumps = orjson.dumps
-_inet_pton = socket.inet_pton
-_AF_INET = socket.AF_INET
 # CleanEvent(...) less its generated __new__'s Python frame: the fields are given in order.
 _new_event = tuple.__new__
 
