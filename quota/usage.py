@@ -119,8 +119,7 @@ class QuotaGuard:
                 # right with what it holds (the events being stored are still held), and
                 # a read now could count them twice: the request never waits for the
                 # commit, it uses that count until end_commit() brings the new one.
-                return (entry[1] + self._unstored.get(key, 0),
-                        entry[2] + self._unstored_anonymous.get(key, 0))
+                return self._with_unstored(key, entry)
             epoch, committing = self._epoch, self._committing
         count, anonymous = read_usage(self.db.conn(), *key)
         with self._lock:
