@@ -127,7 +127,8 @@ class _Visits:
         site's span can reach (a superset of what each lookup needs: find() decides)."""
         self.by_visitor: dict[tuple[int, int], list[_Session]] = {}
         self.new: list[_Session] = []
-        self.links: list[tuple[int, int, int]] = []  # new (site, visitor id, session id)
+        # (site, visitor id, session id) a session was seen under besides its first
+        self.links: list[tuple[int, int, int]] = []
         # New sessions carry provisional ids, above any stored id and in the order they
         # were opened, as their final ones are (final_ids, once the write lock is held).
         self._next_id = PROVISIONAL_SESSION_ID
@@ -174,10 +175,16 @@ class _Visits:
         session = _Session(self._next_id, key[0], key[1], ts, ts, None, landing)
         self._next_id += 1
         self.new.append(session)
+        # Its first visitor id is sessions.visitor_id: no session_visitors row.
+        session.visitor_ids = (key[1],)
+        if key in self.by_visitor:
+            self.by_visitor[key].append(session)
+        else:
+            self.by_visitor[key] = [session]
         return session
 
     def link(self, session: _Session, key: tuple[int, int]) -> None:
-        """Record that the session was seen under the visitor `key` (site, visitor id)."""
+        """Record that the session was seen under another visitor `key` (site, visitor id)."""
         session.visitor_ids += (key[1],)
         if key in self.by_visitor:
             self.by_visitor[key].append(session)

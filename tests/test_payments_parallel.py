@@ -228,8 +228,6 @@ def test_first_touches_stay_as_defined_while_payments_and_the_flush_of_the_site_
                     conn.execute("INSERT INTO sessions (id, site_id, visitor_id, started_at,"
                                  " last_seen_at, channel) VALUES (?, 1, ?, ?, ?, 'Direct')",
                                  (session, visitor, started, started + 60_000))
-                    conn.execute("INSERT INTO session_visitors (site_id, visitor_id, session_id)"
-                                 " VALUES (1, ?, ?)", (visitor, session))
                     if session % 3 == 0:
                         conn.execute("INSERT INTO visitor_identities (site_id, uid, visitor_id,"
                                      " linked_at) VALUES (1, ?, ?, ?) ON CONFLICT DO NOTHING",
