@@ -346,28 +346,14 @@ BEGIN
     SELECT site_id, customer_id FROM customers WHERE site_id = NEW.site_id AND user_id = NEW.uid;
 END;
 
--- A session's new visitor id after midnight, and below a visitor's new session. The flush
--- inserts these in bulk and most visitors are linked to no customer: WHEN skips the body
+-- A session's new visitor id after midnight. A new session's own visitor id is refreshed
+-- by its writer, once for all of a flush's new sessions (storage.sessions
+-- first_touch_of_new_sessions): a row trigger on sessions cost ~1.5 us a new session.
+-- The flush inserts links in bulk and most visitors are linked to no customer: WHEN skips the body
 -- (whose UNION costs a temporary b-tree per row even when it finds nothing) unless the
 -- visitor is a customer's or has an identity link. Version 8 replaced the unguarded one.
 DROP TRIGGER IF EXISTS first_touch_new_session_visitor;
 CREATE TRIGGER IF NOT EXISTS first_touch_new_session_visitor AFTER INSERT ON session_visitors
-    WHEN EXISTS (SELECT 1 FROM customers
-                  WHERE site_id = NEW.site_id AND visitor_id = CAST(NEW.visitor_id AS TEXT))
-      OR EXISTS (SELECT 1 FROM visitor_identities
-                  WHERE site_id = NEW.site_id AND visitor_id = NEW.visitor_id)
-BEGIN
-    INSERT INTO first_touch_refresh (site_id, customer_id)
-    SELECT site_id, customer_id FROM customers
-     WHERE site_id = NEW.site_id AND visitor_id = CAST(NEW.visitor_id AS TEXT)
-    UNION
-    SELECT c.site_id, c.customer_id
-      FROM visitor_identities vi CROSS JOIN customers c
-     WHERE vi.site_id = NEW.site_id AND vi.visitor_id = NEW.visitor_id
-       AND c.site_id = vi.site_id AND c.user_id = vi.uid;
-END;
-
-CREATE TRIGGER IF NOT EXISTS first_touch_new_session AFTER INSERT ON sessions
     WHEN EXISTS (SELECT 1 FROM customers
                   WHERE site_id = NEW.site_id AND visitor_id = CAST(NEW.visitor_id AS TEXT))
       OR EXISTS (SELECT 1 FROM visitor_identities

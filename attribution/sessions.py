@@ -34,6 +34,7 @@ from storage.sessions import (
     PROVISIONAL_SESSION_ID,
     add_session_counts,
     final_session_ids,
+    first_touch_of_new_sessions,
     insert_sessions,
     link_identities,
     link_session_visitors,
@@ -214,7 +215,8 @@ class _Visits:
     def write_changes(self, conn: Connection, touched: Iterable[_Session]) -> None:
         """After write_new: earlier starts, counts and new visitor ids of stored sessions.
 
-        Links go last: their trigger recomputes first touches against final sessions."""
+        The new sessions' first touches and the links go last, recomputed against final
+        sessions."""
         stored = [s for s in touched if s.stored_start is not None]
         move_session_starts(conn, [
             (s.started_at, s.landing.channel, s.landing.source, s.landing.referrer,
@@ -222,6 +224,8 @@ class _Visits:
             for s in stored if s.landing is not None and s.started_at < s.stored_start])
         add_session_counts(conn, [
             (s.last_seen_at, s.pageviews, s.custom_events, s.id) for s in stored])
+        if self.new:
+            first_touch_of_new_sessions(conn, [(s.site_id, s.visitor_id) for s in self.new])
         link_session_visitors(conn, self.links)
 
 

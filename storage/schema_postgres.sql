@@ -512,26 +512,6 @@ CREATE TRIGGER first_touch_new_session_visitor AFTER INSERT ON session_visitors
     REFERENCING NEW TABLE AS new_links
     FOR EACH STATEMENT EXECUTE FUNCTION tally_first_touch_new_session_visitors();
 
--- A visitor's new sessions, the same way over the sessions a statement inserted.
-CREATE OR REPLACE FUNCTION tally_first_touch_new_sessions() RETURNS trigger
-    LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO first_touch_refresh (site_id, customer_id)
-    SELECT c.site_id, c.customer_id
-      FROM (SELECT DISTINCT site_id, visitor_id FROM new_sessions) n
-      JOIN customers c ON c.site_id = n.site_id AND c.visitor_id = n.visitor_id::text
-    UNION
-    SELECT c.site_id, c.customer_id
-      FROM (SELECT DISTINCT site_id, visitor_id FROM new_sessions) n
-      JOIN visitor_identities vi ON vi.site_id = n.site_id AND vi.visitor_id = n.visitor_id
-      JOIN customers c ON c.site_id = vi.site_id AND c.user_id = vi.uid;
-    RETURN NULL;
-END $$;
-DROP TRIGGER IF EXISTS first_touch_new_session ON sessions;
-CREATE TRIGGER first_touch_new_session AFTER INSERT ON sessions
-    REFERENCING NEW TABLE AS new_sessions
-    FOR EACH STATEMENT EXECUTE FUNCTION tally_first_touch_new_sessions();
-
 CREATE OR REPLACE FUNCTION tally_first_touch_earlier_session() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN

@@ -282,6 +282,43 @@ _INSERT_SESSION_VISITORS = native(
                 " ON CONFLICT DO NOTHING")
 
 
+# A new session's own visitor id links it to that visitor's customers (customers.visitor_id,
+# or an identity link's uid): their first touches are recomputed, once for a batch's new
+# sessions. session_visitors' trigger does the same for the other ids.
+_REFRESH_NEW = native(
+    "sqlite", "INSERT INTO first_touch_refresh (site_id, customer_id)"
+              " SELECT c.site_id, c.customer_id FROM json_each(?2) AS w CROSS JOIN customers c"
+              " WHERE c.site_id = ?1 AND c.visitor_id = CAST(w.value AS TEXT)"
+              " UNION"
+              " SELECT c.site_id, c.customer_id"
+              " FROM json_each(?2) AS w CROSS JOIN visitor_identities vi CROSS JOIN customers c"
+              " WHERE vi.site_id = ?1 AND vi.visitor_id = w.value"
+              " AND c.site_id = vi.site_id AND c.user_id = vi.uid")
+_REFRESH_NEW_AT_ONCE = native(
+    "postgres", "WITH n AS MATERIALIZED (SELECT DISTINCT site_id, visitor_id"
+                "  FROM unnest(?::bigint[], ?::bigint[]) AS n (site_id, visitor_id))"
+                " INSERT INTO first_touch_refresh (site_id, customer_id)"
+                " SELECT c.site_id, c.customer_id FROM n"
+                "  JOIN customers c ON c.site_id = n.site_id AND c.visitor_id = n.visitor_id::text"
+                " UNION"
+                " SELECT c.site_id, c.customer_id FROM n"
+                "  JOIN visitor_identities vi ON vi.site_id = n.site_id AND vi.visitor_id = n.visitor_id"
+                "  JOIN customers c ON c.site_id = vi.site_id AND c.user_id = vi.uid")
+
+
+def first_touch_of_new_sessions(conn: sqlite3.Connection, keys: Iterable[Sequence]) -> None:
+    """(site id, visitor id) of each session just inserted: the first touches its visitor
+    can move. Every writer of sessions calls it after the INSERT (schema.sql: no trigger)."""
+    if dialect(conn) == "postgres":
+        _write_rows(conn, None, _REFRESH_NEW_AT_ONCE, keys)
+        return
+    by_site: dict[int, list[int]] = {}
+    for site_id, visitor_id in keys:
+        by_site.setdefault(site_id, []).append(visitor_id)
+    for site_id, visitors in by_site.items():
+        conn.execute(_REFRESH_NEW, (site_id, orjson.dumps(visitors)))
+
+
 def link_session_visitors(conn: sqlite3.Connection, links: Iterable[Sequence]) -> None:
     """(site id, visitor id, session id) each; the first-touch triggers follow them."""
     _write_rows(conn, _INSERT_SESSION_VISITOR, _INSERT_SESSION_VISITORS, links)

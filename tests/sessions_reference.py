@@ -27,6 +27,7 @@ from attribution.sessions import (
 from enrichment.visitor import visitor_id
 from storage.connection import Connection
 from storage.events import EVENT_COLUMNS
+from storage.sessions import first_touch_of_new_sessions
 from storage.usage import ADD_USAGE
 
 CLICK_ID_KEYS = ("gclid", "gbraid", "wbraid", "msclkid", "fbclid")
@@ -179,6 +180,7 @@ def _create(conn: Connection, hit: Hit, site_hosts) -> _Session:
         (hit.site_id, hit.visitor_id, hit.ts, hit.ts, landing.channel, landing.source,
          landing.referrer, landing.landing_page, landing.entry_path, *landing.utm),
     ).lastrowid
+    first_touch_of_new_sessions(conn, [(hit.site_id, hit.visitor_id)])
     return _Session(session_id, hit.ts, hit.ts, {hit.visitor_id})  # sessions.visitor_id
 
 

@@ -1,9 +1,11 @@
 """First touch has one definition (storage.sessions.FIRST_TOUCHES); the triggers of each
 schema keep customer_first_touch equal to it row by row, on both engines, after every kind
-of write that can move it: a session and its visitor, another visitor joining a session, a
-$identify link, a customer, a customer's links changing, a session found to start earlier.
-The flush's own writes are checked too: a new session carries its first visitor id in
-sessions.visitor_id alone, and only a session continued under another id gets a link."""
+of write that can move it: a session and its visitor (refreshed by its writer through
+storage.sessions.first_touch_of_new_sessions, as the flush does), another visitor joining
+a session, a $identify link, a customer, a customer's links changing, a session found to
+start earlier. The flush's own writes are checked too: a new session carries its first
+visitor id in sessions.visitor_id alone, and only a session continued under another id
+gets a link."""
 
 from __future__ import annotations
 
@@ -12,7 +14,11 @@ import random
 import pytest
 
 from attribution.sessions import Hit, SessionWriter
-from storage.sessions import defined_first_touches, stored_first_touches
+from storage.sessions import (
+    defined_first_touches,
+    first_touch_of_new_sessions,
+    stored_first_touches,
+)
 
 SITE_ID = 1
 T0 = 1_790_000_000_000
@@ -49,10 +55,12 @@ def _step(conn, rnd: random.Random, state: dict) -> str:
         sessions.append(session)
         started = T0 + rnd.randrange(0, 10) * 60_000  # ties broken by id
         visitor = rnd.randrange(1, 9)
-        # Its visitor id is sessions.visitor_id; session_visitors holds only others.
+        # Its visitor id is sessions.visitor_id; session_visitors holds only others. Its
+        # writer refreshes the first touches it can move, as the flush does.
         conn.execute("INSERT INTO sessions (id, site_id, visitor_id, started_at, last_seen_at,"
                      " channel) VALUES (?, ?, ?, ?, ?, 'Direct')",
                      (session, SITE_ID, visitor, started, started + 60_000))
+        first_touch_of_new_sessions(conn, [(SITE_ID, visitor)])
     return kind
 
 
@@ -71,7 +79,7 @@ def test_the_triggers_keep_first_touch_as_defined(store, seed):
 @pytest.mark.xfail(strict=True, reason=(
     "a customer.visitor_id that spells its visitor another way ('03' for 3) is linked when"
     " the customer is written (refresh_run compares as numbers, as the definition does) but"
-    " not when the session comes later (first_touch_new_session compares texts),"
+    " not when the session comes later (first_touch_of_new_sessions compares texts),"
     " on both engines: the figure depends on the order of arrival. Left for a schema change"))
 def test_a_visitor_id_spelled_another_way_links_whatever_the_order(store):
     with store.transaction() as conn:
@@ -79,6 +87,7 @@ def test_a_visitor_id_spelled_another_way_links_whatever_the_order(store):
                      " created_at, updated_at) VALUES (?, 'c', '03', 0, 0, 0)", (SITE_ID,))
         conn.execute("INSERT INTO sessions (id, site_id, visitor_id, started_at, last_seen_at,"
                      " channel) VALUES (1, ?, 3, ?, ?, 'Direct')", (SITE_ID, T0, T0))
+        first_touch_of_new_sessions(conn, [(SITE_ID, 3)])
     conn = store.conn()
     assert defined_first_touches(conn) == [(SITE_ID, "c", 1)]
     assert stored_first_touches(conn) == defined_first_touches(conn)

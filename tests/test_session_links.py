@@ -5,9 +5,9 @@ salt changes the visitor id) and session_links reads both.
 A database of the release before (PostgreSQL version 23, SQLite 21) held every id in
 session_visitors, and its first-touch triggers read that table. Data is written through
 the service, the database is put back in that release's shape (its links, triggers and
-no view, index or new-session trigger; schema.sql's text with session_visitors read where
-this release reads session_links), and the restarted service moves it over: the reports,
-first touch and an erasure give what they gave before.
+no view or index; schema.sql's text with session_visitors read where this release reads
+session_links), and the restarted service moves it over: the reports, first touch and an
+erasure give what they gave before.
 """
 
 from __future__ import annotations
@@ -81,15 +81,14 @@ def _answers(db_path: str, site_id: str) -> dict:
 
 
 def _previous_release(db_path: str) -> None:
-    """The database as the release before version 24 kept the same data."""
+    """The database as the release before version 24 kept the same data (its first-touch
+    triggers read session_visitors)."""
     postgres = is_postgres(db_path)
     execute(db_path, "INSERT INTO session_visitors (site_id, visitor_id, session_id)"
                      " SELECT site_id, visitor_id, id FROM sessions WHERE visitor_id <> 0")
     execute(db_path, "DROP VIEW session_links")
     execute(db_path, "DROP INDEX sessions_site_visitor")
     if postgres:
-        execute(db_path, "DROP TRIGGER first_touch_new_session ON sessions")
-        execute(db_path, "DROP FUNCTION tally_first_touch_new_sessions()")
         script = (ROOT / "storage" / "schema_postgres.sql").read_text()
         for name in ("refresh_run", "earlier_session"):
             body = re.search(rf"CREATE OR REPLACE FUNCTION tally_first_touch_{name}\(\).*?END \$\$;",
@@ -97,7 +96,6 @@ def _previous_release(db_path: str) -> None:
             execute(db_path, body.replace("session_links", "session_visitors"))
         execute(db_path, "UPDATE tally_schema_version SET version = 23")
         return
-    execute(db_path, "DROP TRIGGER first_touch_new_session")
     script = (ROOT / "schema.sql").read_text()
     for name in ("refresh_run", "earlier_session"):
         trigger = re.search(rf"CREATE TRIGGER IF NOT EXISTS first_touch_{name} .*?\nEND;",
