@@ -98,7 +98,7 @@ def _previous_release(db_path: str) -> None:
         return
     script = (ROOT / "schema.sql").read_text()
     for name in ("refresh_run", "earlier_session"):
-        trigger = re.search(rf"CREATE TRIGGER IF NOT EXISTS first_touch_{name} .*?\nEND;",
+        trigger = re.search(rf"CREATE TRIGGER IF NOT EXISTS first_touch_{name} .*?\nEND;",  # sql-safe: a fixed trigger name
                             script, re.S).group(0)
         execute(db_path, f"DROP TRIGGER first_touch_{name}")
         execute(db_path, trigger.replace("session_links", "session_visitors"))
