@@ -240,11 +240,15 @@ CREATE TABLE IF NOT EXISTS sessions (
     custom_events INTEGER NOT NULL DEFAULT 0 CHECK (custom_events >= 0)
 );
 CREATE INDEX IF NOT EXISTS sessions_site_start ON sessions (site_id, started_at);
+-- A visitor's sessions, for the flush and first touch. Without last_seen_at, which every
+-- continued session changes: an index on it would be written on each of those updates.
+CREATE INDEX IF NOT EXISTS sessions_site_visitor ON sessions (site_id, visitor_id);
 
 -- Visitor ids are the events' signed 64-bit integers; a customer's visitor_id (text)
 -- names one in decimal ("-4211997000335042181").
--- Every visitor id a session was seen under: its first one, and today's id of a
--- session that crossed midnight UTC (when the daily salt, so the visitor id, changed).
+-- The visitor ids a session was seen under besides sessions.visitor_id (its first):
+-- today's id of a session that crossed midnight UTC (when the daily salt, so the visitor
+-- id, changed). Version 24 moved the first ids out: nearly every session has only one.
 CREATE TABLE IF NOT EXISTS session_visitors (
     site_id    INTEGER NOT NULL REFERENCES sites (id),
     visitor_id INTEGER NOT NULL,
@@ -252,6 +256,13 @@ CREATE TABLE IF NOT EXISTS session_visitors (
     PRIMARY KEY (site_id, visitor_id, session_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS session_visitors_session ON session_visitors (session_id);
+
+-- Every visitor id of every session. Visitor id 0 is no visitor's: an erased visitor's
+-- session kept as a customer's first touch (storage/maintenance.py).
+CREATE VIEW IF NOT EXISTS session_links (site_id, visitor_id, session_id) AS
+    SELECT site_id, visitor_id, id FROM sessions WHERE visitor_id <> 0
+    UNION ALL
+    SELECT site_id, visitor_id, session_id FROM session_visitors;
 
 -- $identify: the caller's user id seen from a visitor (ip + ua under a daily salt).
 CREATE TABLE IF NOT EXISTS visitor_identities (
@@ -282,16 +293,30 @@ CREATE TABLE IF NOT EXISTS first_touch_refresh (
     site_id     INTEGER NOT NULL,
     customer_id TEXT    NOT NULL
 );
+-- Version 24 reads session_links where session_visitors was read: the older body goes.
+DROP TRIGGER IF EXISTS first_touch_refresh_run;
 CREATE TRIGGER IF NOT EXISTS first_touch_refresh_run AFTER INSERT ON first_touch_refresh
 BEGIN
     INSERT INTO customer_first_touch (site_id, customer_id, session_id)
     SELECT NEW.site_id, NEW.customer_id, (
         SELECT s.id FROM sessions s
          WHERE s.id IN (
+            -- session_links, spelled out: joined, SQLite would read all of the site's.
+            SELECT o.id
+              FROM customers c CROSS JOIN sessions o
+             WHERE c.site_id = NEW.site_id AND c.customer_id = NEW.customer_id
+               AND o.site_id = c.site_id AND o.visitor_id = c.visitor_id AND o.visitor_id <> 0
+            UNION ALL
             SELECT sv.session_id
               FROM customers c CROSS JOIN session_visitors sv
              WHERE c.site_id = NEW.site_id AND c.customer_id = NEW.customer_id
                AND sv.site_id = c.site_id AND sv.visitor_id = c.visitor_id
+            UNION ALL
+            SELECT o.id
+              FROM customers c CROSS JOIN visitor_identities vi CROSS JOIN sessions o
+             WHERE c.site_id = NEW.site_id AND c.customer_id = NEW.customer_id
+               AND vi.site_id = c.site_id AND vi.uid = c.user_id
+               AND o.site_id = vi.site_id AND o.visitor_id = vi.visitor_id AND o.visitor_id <> 0
             UNION ALL
             SELECT sv.session_id
               FROM customers c CROSS JOIN visitor_identities vi CROSS JOIN session_visitors sv
@@ -321,8 +346,10 @@ BEGIN
     SELECT site_id, customer_id FROM customers WHERE site_id = NEW.site_id AND user_id = NEW.uid;
 END;
 
--- A visitor's new session (or a session's new visitor id after midnight). The flush
--- inserts these in bulk and most visitors are linked to no customer: WHEN skips the body
+-- A session's new visitor id after midnight. A new session's own visitor id is refreshed
+-- by its writer, once for all of a flush's new sessions (storage.sessions
+-- first_touch_of_new_sessions): a row trigger on sessions cost ~1.5 us a new session.
+-- The flush inserts links in bulk and most visitors are linked to no customer: WHEN skips the body
 -- (whose UNION costs a temporary b-tree per row even when it finds nothing) unless the
 -- visitor is a customer's or has an identity link. Version 8 replaced the unguarded one.
 DROP TRIGGER IF EXISTS first_touch_new_session_visitor;
@@ -343,17 +370,19 @@ BEGIN
 END;
 
 -- An event older than a session's start arrived late and became its first event.
+-- Version 24 replaced the body that read session_visitors.
+DROP TRIGGER IF EXISTS first_touch_earlier_session;
 CREATE TRIGGER IF NOT EXISTS first_touch_earlier_session AFTER UPDATE OF started_at ON sessions
     WHEN NEW.started_at < OLD.started_at
 BEGIN
     INSERT INTO first_touch_refresh (site_id, customer_id)
     SELECT c.site_id, c.customer_id
-      FROM session_visitors sv CROSS JOIN customers c
+      FROM session_links sv CROSS JOIN customers c
      WHERE sv.session_id = NEW.id AND c.site_id = sv.site_id
        AND c.visitor_id = CAST(sv.visitor_id AS TEXT)
     UNION
     SELECT c.site_id, c.customer_id
-      FROM session_visitors sv CROSS JOIN visitor_identities vi CROSS JOIN customers c
+      FROM session_links sv CROSS JOIN visitor_identities vi CROSS JOIN customers c
      WHERE sv.session_id = NEW.id AND vi.site_id = sv.site_id AND vi.visitor_id = sv.visitor_id
        AND c.site_id = vi.site_id AND c.user_id = vi.uid;
 END;
@@ -662,4 +691,4 @@ CREATE TABLE IF NOT EXISTS funnels (
     UNIQUE (site_id, name)
 );
 
-PRAGMA user_version = 21;
+PRAGMA user_version = 24;

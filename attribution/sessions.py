@@ -34,6 +34,7 @@ from storage.sessions import (
     PROVISIONAL_SESSION_ID,
     add_session_counts,
     final_session_ids,
+    first_touch_of_new_sessions,
     insert_sessions,
     link_identities,
     link_session_visitors,
@@ -127,7 +128,8 @@ class _Visits:
         site's span can reach (a superset of what each lookup needs: find() decides)."""
         self.by_visitor: dict[tuple[int, int], list[_Session]] = {}
         self.new: list[_Session] = []
-        self.links: list[tuple[int, int, int]] = []  # new (site, visitor id, session id)
+        # (site, visitor id, session id) a session was seen under besides its first
+        self.links: list[tuple[int, int, int]] = []
         # New sessions carry provisional ids, above any stored id and in the order they
         # were opened, as their final ones are (final_ids, once the write lock is held).
         self._next_id = PROVISIONAL_SESSION_ID
@@ -174,10 +176,16 @@ class _Visits:
         session = _Session(self._next_id, key[0], key[1], ts, ts, None, landing)
         self._next_id += 1
         self.new.append(session)
+        # Its first visitor id is sessions.visitor_id: no session_visitors row.
+        session.visitor_ids = (key[1],)
+        if key in self.by_visitor:
+            self.by_visitor[key].append(session)
+        else:
+            self.by_visitor[key] = [session]
         return session
 
     def link(self, session: _Session, key: tuple[int, int]) -> None:
-        """Record that the session was seen under the visitor `key` (site, visitor id)."""
+        """Record that the session was seen under another visitor `key` (site, visitor id)."""
         session.visitor_ids += (key[1],)
         if key in self.by_visitor:
             self.by_visitor[key].append(session)
@@ -207,7 +215,8 @@ class _Visits:
     def write_changes(self, conn: Connection, touched: Iterable[_Session]) -> None:
         """After write_new: earlier starts, counts and new visitor ids of stored sessions.
 
-        Links go last: their trigger recomputes first touches against final sessions."""
+        The new sessions' first touches and the links go last, recomputed against final
+        sessions."""
         stored = [s for s in touched if s.stored_start is not None]
         move_session_starts(conn, [
             (s.started_at, s.landing.channel, s.landing.source, s.landing.referrer,
@@ -215,6 +224,8 @@ class _Visits:
             for s in stored if s.landing is not None and s.started_at < s.stored_start])
         add_session_counts(conn, [
             (s.last_seen_at, s.pageviews, s.custom_events, s.id) for s in stored])
+        if self.new:
+            first_touch_of_new_sessions(conn, [(s.site_id, s.visitor_id) for s in self.new])
         link_session_visitors(conn, self.links)
 
 

@@ -526,7 +526,13 @@ def erase_customer(db: Database, site_id: int, customer_id: str, now_ms: int) ->
 
 
 _VISITOR_SESSIONS = statement(
-    "SELECT session_id FROM session_visitors WHERE site_id = ? AND visitor_id = ?")
+    "SELECT session_id FROM session_links WHERE site_id = ? AND visitor_id = ?")
+# A kept session's first visitor id, when it is another visitor's, stays linked as its
+# other ids are (the session's visitor_id becomes 0).
+_KEEP_OTHER_FIRST_VISITORS = statement(
+    "INSERT INTO session_visitors (site_id, visitor_id, session_id)"
+    " SELECT site_id, visitor_id, id FROM sessions WHERE id IN (SELECT value FROM json_each(?))"
+    " AND visitor_id <> 0 AND visitor_id <> ? ON CONFLICT DO NOTHING")
 _FIRST_TOUCH_SESSIONS = statement(
     "SELECT session_id FROM customer_first_touch WHERE site_id = ?"
     " AND session_id IN (SELECT value FROM json_each(?))"
@@ -582,7 +588,9 @@ def erase_visitor(db: Database, site_id: int, visitor_id: int, now_ms: int) -> V
         conn.execute(_DELETE_VISITOR_LINKS, (site_id, visitor_id))
         conn.execute(_DELETE_SESSION_VISITORS, (gone,))
         conn.execute(_DELETE_SESSIONS, (gone,))
-        conn.execute(_ANONYMIZE_SESSIONS, (orjson.dumps(kept).decode(),))
+        kept_batch = orjson.dumps(kept).decode()
+        conn.execute(_KEEP_OTHER_FIRST_VISITORS, (kept_batch, visitor_id))
+        conn.execute(_ANONYMIZE_SESSIONS, (kept_batch,))
         identities = conn.execute(_DELETE_VISITOR_IDENTITIES, (site_id, visitor_id)).rowcount
         conn.execute(_DELETE_BROWSER_LINKS, (site_id, visitor_id, visitor_id))
     events = 0

@@ -9,7 +9,8 @@ event_id. The old tables are renamed aside with their indexes dropped, schema.sq
 creates the new ones, and the rows are copied over. Versions 14 and 15 move tables the
 same way; versions 16 and 19 add columns (below). Version 20 only adds a table (funnels),
 which schema.sql makes in an older file as in a new one: no step here
-(tests/test_funnels.py upgrades a version-16 database on both engines).
+(tests/test_funnels.py upgrades a version-16 database on both engines). SQLite goes from
+21 to 24, past PostgreSQL's own 22 and 23.
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ _ROLE_ADDED_IN_19 = ("ALTER TABLE user_accounts ADD COLUMN role TEXT NOT NULL DE
                      " CHECK (role IN ('owner', 'admin', 'viewer'))")
 
 
+# Version 24: session_visitors keeps a session's other visitor ids only, sessions.visitor_id
+# holds its first (schema.sql, session_links); the rows that repeat it go. Both engines.
+_LINKS_OF_24 = ("DELETE FROM session_visitors WHERE EXISTS (SELECT 1 FROM sessions s"
+                " WHERE s.id = session_visitors.session_id"
+                " AND s.visitor_id = session_visitors.visitor_id"
+                " AND s.site_id = session_visitors.site_id)")
+
+
 def before_script(conn: sqlite3.Connection, version: int) -> None:
     if 0 < version < 19 and _exists(conn, "user_accounts") \
             and not _has_column(conn, "user_accounts", "role"):
@@ -92,6 +101,8 @@ def before_script(conn: sqlite3.Connection, version: int) -> None:
 
 
 def after_script(conn: sqlite3.Connection, version: int) -> None:
+    if 0 < version < 24:
+        conn.execute(_LINKS_OF_24)
     if 0 < version < 15:
         moved = [table for table in reversed(_REBUILT_FOR_15) if _exists(conn, f"{table}_before_15")]
         for table in moved:  # parents first
@@ -171,6 +182,8 @@ POSTGRES_STEPS: dict[int, tuple[str, ...]] = {
          " ('session_visitors'::regclass, 'sessions'::regclass)) LOOP"
          " EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', k.child, k.conname);"
          " END LOOP; END $$",),
+    24: ("DELETE FROM session_visitors sv USING sessions s WHERE s.id = sv.session_id"
+         " AND s.visitor_id = sv.visitor_id AND s.site_id = sv.site_id",),
 }
 
 # Run before schema_postgres.sql, for databases older than the version: what must be out
@@ -189,7 +202,7 @@ POSTGRES_STEPS_BEFORE: dict[int, tuple[str, ...]] = {
 def postgres_version() -> int:
     """The schema version of a PostgreSQL database: schema.sql's, or later when a change
     was PostgreSQL's only (22: partitioned events, 23: the flush's own reference checks);
-    the next change to both goes past it."""
+    a change to both goes past them (24: a session's first visitor id only in sessions)."""
     from storage.db import schema
 
     return max(schema()[0], *POSTGRES_STEPS)

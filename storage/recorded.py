@@ -55,7 +55,8 @@ class RecordedReads:
         return self._conn.in_transaction
 
     def execute(self, sql: str, parameters: Sequence = ()) -> _Rows:
-        if sql.lstrip()[:6].upper() not in ("SELECT", "WITH ", "WITH\n"):
+        words = sql.split(None, 1)
+        if not words or words[0].upper() not in ("SELECT", "WITH"):
             raise TypeError("a recorded decision only reads: " + sql)
         rows = self._conn.execute(sql, parameters).fetchall()
         self._reads.append((sql, parameters, rows))

@@ -370,6 +370,12 @@ CREATE TABLE IF NOT EXISTS sessions (
     custom_events BIGINT  NOT NULL DEFAULT 0 CHECK (custom_events >= 0)
 );
 CREATE INDEX IF NOT EXISTS sessions_site_start ON sessions (site_id, started_at);
+-- A visitor's sessions, for the flush and first touch. Without last_seen_at, which every
+-- continued session changes: an index on it would make those updates leave HOT.
+CREATE INDEX IF NOT EXISTS sessions_site_visitor ON sessions (site_id, visitor_id);
+
+-- The visitor ids a session was seen under besides sessions.visitor_id (its first), as
+-- in schema.sql (version 24 moved the first ids out).
 
 CREATE TABLE IF NOT EXISTS session_visitors (
     site_id    BIGINT  NOT NULL,  -- sites (id): checked by the flush, below
@@ -388,6 +394,12 @@ CREATE TABLE IF NOT EXISTS session_visitors (
 -- `tally check` still counts orphans of these references (storage/check.py
 -- FLUSH_CHECKED_REFERENCES).
 CREATE INDEX IF NOT EXISTS session_visitors_session ON session_visitors (session_id);
+
+-- Every visitor id of every session, as schema.sql's view (visitor id 0: none).
+CREATE OR REPLACE VIEW session_links (site_id, visitor_id, session_id) AS
+    SELECT site_id, visitor_id, id FROM sessions WHERE visitor_id <> 0
+    UNION ALL
+    SELECT site_id, visitor_id, session_id FROM session_visitors;
 
 CREATE TABLE IF NOT EXISTS visitor_identities (
     site_id    BIGINT  NOT NULL REFERENCES sites (id),
@@ -418,10 +430,23 @@ BEGIN
     SELECT NEW.site_id, NEW.customer_id, (
         SELECT s.id FROM sessions s
          WHERE s.id IN (
+            -- session_links spelled out, as in schema.sql.
+            SELECT o.id
+              FROM customers c CROSS JOIN sessions o
+             WHERE c.site_id = NEW.site_id AND c.customer_id = NEW.customer_id
+               AND o.site_id = c.site_id AND o.visitor_id = tally_text_as_integer(c.visitor_id)
+               AND o.visitor_id <> 0
+            UNION ALL
             SELECT sv.session_id
               FROM customers c CROSS JOIN session_visitors sv
              WHERE c.site_id = NEW.site_id AND c.customer_id = NEW.customer_id
                AND sv.site_id = c.site_id AND sv.visitor_id = tally_text_as_integer(c.visitor_id)
+            UNION ALL
+            SELECT o.id
+              FROM customers c CROSS JOIN visitor_identities vi CROSS JOIN sessions o
+             WHERE c.site_id = NEW.site_id AND c.customer_id = NEW.customer_id
+               AND vi.site_id = c.site_id AND vi.uid = c.user_id
+               AND o.site_id = vi.site_id AND o.visitor_id = vi.visitor_id AND o.visitor_id <> 0
             UNION ALL
             SELECT sv.session_id
               FROM customers c CROSS JOIN visitor_identities vi CROSS JOIN session_visitors sv
@@ -492,12 +517,12 @@ CREATE OR REPLACE FUNCTION tally_first_touch_earlier_session() RETURNS trigger
 BEGIN
     INSERT INTO first_touch_refresh (site_id, customer_id)
     SELECT c.site_id, c.customer_id
-      FROM session_visitors sv CROSS JOIN customers c
+      FROM session_links sv CROSS JOIN customers c
      WHERE sv.session_id = NEW.id AND c.site_id = sv.site_id
        AND c.visitor_id = sv.visitor_id::text
     UNION
     SELECT c.site_id, c.customer_id
-      FROM session_visitors sv CROSS JOIN visitor_identities vi CROSS JOIN customers c
+      FROM session_links sv CROSS JOIN visitor_identities vi CROSS JOIN customers c
      WHERE sv.session_id = NEW.id AND vi.site_id = sv.site_id AND vi.visitor_id = sv.visitor_id
        AND c.site_id = vi.site_id AND c.user_id = vi.uid;
     RETURN NULL;

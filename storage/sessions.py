@@ -66,10 +66,10 @@ _FIRST_CHANNELS = statement(
 _FIRST_TOUCHES = (
     "SELECT c.site_id, c.customer_id, ("
     " SELECT s.id FROM sessions s WHERE s.id IN ("
-    "  SELECT sv.session_id FROM session_visitors sv"
+    "  SELECT sv.session_id FROM session_links sv"
     "   WHERE sv.site_id = c.site_id AND sv.visitor_id = {visitor_id}"
     "  UNION ALL"
-    "  SELECT sv.session_id FROM visitor_identities vi CROSS JOIN session_visitors sv"
+    "  SELECT sv.session_id FROM visitor_identities vi CROSS JOIN session_links sv"
     "   WHERE vi.site_id = c.site_id AND vi.uid = c.user_id"
     "   AND sv.site_id = vi.site_id AND sv.visitor_id = vi.visitor_id)"
     " ORDER BY s.started_at, s.id LIMIT 1)"
@@ -90,6 +90,20 @@ def linked_customers(name: str) -> str:
         " SELECT c.customer_id, vi.visitor_id FROM customers c"
         "  JOIN visitor_identities vi ON vi.site_id = c.site_id AND vi.uid = c.user_id"
         "  WHERE c.site_id = ?1)")
+
+
+def linked_sessions() -> str:
+    """A `visits (customer_id, session_id)` CTE after `linked`: the sessions of each linked
+    visitor id, by their first id (sessions_site_visitor) or another (session_visitors).
+    Two arms, not session_links in a join: SQLite materializes a compound view that is
+    joined, every link of the site."""
+    return (
+        "visits (customer_id, session_id) AS ("
+        " SELECT l.customer_id, o.id FROM linked l CROSS JOIN sessions o"
+        "  WHERE o.site_id = ?1 AND o.visitor_id = l.visitor_id AND o.visitor_id <> 0"
+        " UNION ALL"
+        " SELECT l.customer_id, sv.session_id FROM linked l CROSS JOIN session_visitors sv"
+        "  WHERE sv.site_id = ?1 AND sv.visitor_id = l.visitor_id)")
 
 
 _STORED_FIRST_TOUCHES = statement(
@@ -129,24 +143,41 @@ def first_channels(conn: sqlite3.Connection, site_id: int,
 
 # Each stored session of one site linked to one of the visitor ids (a JSON array) and
 # seen within [from, to], with every visitor id it is linked to: a row per link, and a
-# session linked to two of the ids comes twice.
+# session linked to two of the ids comes twice. A session is found by its first visitor id
+# (sessions_site_visitor) or by another (session_visitors, nearly empty); its ids are its
+# own and its other links.
 # PostgreSQL looks each visitor id up through the indexes, whatever its statistics say:
 # the planner, with a site's rows underestimated (a table not analyzed since it grew), read
 # and sorted all of the site's links and sessions for every flush, so that a flush's cost
 # grew with the table. OFFSET 0 keeps each LATERAL subquery a lookup per row.
 _LOAD_SESSIONS = by_dialect(
-    sqlite="SELECT o.id, o.started_at, o.last_seen_at, l.visitor_id"
-           " FROM json_each(?1) AS w CROSS JOIN session_visitors f CROSS JOIN sessions o"
-           " CROSS JOIN session_visitors l"
-           " WHERE f.site_id = ?2 AND f.visitor_id = w.value AND o.id = f.session_id"
-           " AND o.last_seen_at >= ?3 AND o.started_at <= ?4 AND l.session_id = o.id",
+    sqlite="WITH w (value) AS MATERIALIZED (SELECT value FROM json_each(?1)),"
+           " found AS MATERIALIZED ("
+           "  SELECT o.id, o.started_at, o.last_seen_at, o.visitor_id"
+           "   FROM w CROSS JOIN sessions o"
+           "  WHERE o.site_id = ?2 AND o.visitor_id = w.value"
+           "    AND o.last_seen_at >= ?3 AND +o.started_at <= ?4"  # + : sessions_site_visitor
+           "  UNION ALL"
+           "  SELECT o.id, o.started_at, o.last_seen_at, o.visitor_id"
+           "   FROM w CROSS JOIN session_visitors f CROSS JOIN sessions o"
+           "  WHERE f.site_id = ?2 AND f.visitor_id = w.value AND o.id = f.session_id"
+           "    AND o.last_seen_at >= ?3 AND o.started_at <= ?4)"
+           " SELECT id, started_at, last_seen_at, visitor_id FROM found"
+           " UNION ALL"
+           " SELECT o.id, o.started_at, o.last_seen_at, l.visitor_id"
+           "  FROM found o CROSS JOIN session_visitors l WHERE l.session_id = o.id",
     postgres="SELECT o.id, o.started_at, o.last_seen_at, l.visitor_id"
              " FROM unnest(?1::bigint[]) AS w (value) CROSS JOIN LATERAL ("
-             "  SELECT o.id, o.started_at, o.last_seen_at"
+             "  SELECT o.id, o.started_at, o.last_seen_at, o.visitor_id FROM sessions o"
+             "  WHERE o.site_id = ?2 AND o.visitor_id = w.value"
+             "    AND o.last_seen_at >= ?3 AND o.started_at <= ?4"
+             "  UNION ALL"
+             "  SELECT o.id, o.started_at, o.last_seen_at, o.visitor_id"
              "   FROM session_visitors f JOIN sessions o ON o.id = f.session_id"
              "  WHERE f.site_id = ?2 AND f.visitor_id = w.value"
              "    AND o.last_seen_at >= ?3 AND o.started_at <= ?4 OFFSET 0) AS o"
              " CROSS JOIN LATERAL ("
+             "  SELECT o.visitor_id UNION ALL"
              "  SELECT l.visitor_id FROM session_visitors l WHERE l.session_id = o.id OFFSET 0) AS l")
 # Every column of a new session; sessions' only DEFAULTs (the counts) are never None here.
 NEW_SESSION_COLUMNS = (
@@ -249,6 +280,43 @@ _INSERT_SESSION_VISITORS = native(
     "postgres", "INSERT INTO session_visitors (site_id, visitor_id, session_id)"
                 " SELECT * FROM unnest(?::bigint[], ?::bigint[], ?::bigint[])"
                 " ON CONFLICT DO NOTHING")
+
+
+# A new session's own visitor id links it to that visitor's customers (customers.visitor_id,
+# or an identity link's uid): their first touches are recomputed, once for a batch's new
+# sessions. session_visitors' trigger does the same for the other ids.
+_REFRESH_NEW = native(
+    "sqlite", "INSERT INTO first_touch_refresh (site_id, customer_id)"
+              " SELECT c.site_id, c.customer_id FROM json_each(?2) AS w CROSS JOIN customers c"
+              " WHERE c.site_id = ?1 AND c.visitor_id = CAST(w.value AS TEXT)"
+              " UNION"
+              " SELECT c.site_id, c.customer_id"
+              " FROM json_each(?2) AS w CROSS JOIN visitor_identities vi CROSS JOIN customers c"
+              " WHERE vi.site_id = ?1 AND vi.visitor_id = w.value"
+              " AND c.site_id = vi.site_id AND c.user_id = vi.uid")
+_REFRESH_NEW_AT_ONCE = native(
+    "postgres", "WITH n AS MATERIALIZED (SELECT DISTINCT site_id, visitor_id"
+                "  FROM unnest(?::bigint[], ?::bigint[]) AS n (site_id, visitor_id))"
+                " INSERT INTO first_touch_refresh (site_id, customer_id)"
+                " SELECT c.site_id, c.customer_id FROM n"
+                "  JOIN customers c ON c.site_id = n.site_id AND c.visitor_id = n.visitor_id::text"
+                " UNION"
+                " SELECT c.site_id, c.customer_id FROM n"
+                "  JOIN visitor_identities vi ON vi.site_id = n.site_id AND vi.visitor_id = n.visitor_id"
+                "  JOIN customers c ON c.site_id = vi.site_id AND c.user_id = vi.uid")
+
+
+def first_touch_of_new_sessions(conn: sqlite3.Connection, keys: Iterable[Sequence]) -> None:
+    """(site id, visitor id) of each session just inserted: the first touches its visitor
+    can move. Every writer of sessions calls it after the INSERT (schema.sql: no trigger)."""
+    if dialect(conn) == "postgres":
+        _write_rows(conn, None, _REFRESH_NEW_AT_ONCE, keys)
+        return
+    by_site: dict[int, list[int]] = {}
+    for site_id, visitor_id in keys:
+        by_site.setdefault(site_id, []).append(visitor_id)
+    for site_id, visitors in by_site.items():
+        conn.execute(_REFRESH_NEW, (site_id, orjson.dumps(visitors)))
 
 
 def link_session_visitors(conn: sqlite3.Connection, links: Iterable[Sequence]) -> None:

@@ -27,6 +27,7 @@ from attribution.sessions import (
 from enrichment.visitor import visitor_id
 from storage.connection import Connection
 from storage.events import EVENT_COLUMNS
+from storage.sessions import first_touch_of_new_sessions
 from storage.usage import ADD_USAGE
 
 CLICK_ID_KEYS = ("gclid", "gbraid", "wbraid", "msclkid", "fbclid")
@@ -68,7 +69,7 @@ _INSERT_SESSION = (
     " utm_content, pageviews, custom_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0)"
 )
 _FIND_OPEN_SESSION = (
-    "SELECT s.id, s.started_at, s.last_seen_at FROM session_visitors sv"
+    "SELECT s.id, s.started_at, s.last_seen_at FROM session_links sv"
     " JOIN sessions s ON s.id = sv.session_id"
     " WHERE sv.site_id = ? AND sv.visitor_id IN (?, ?)"
     " AND s.last_seen_at >= ? AND s.started_at <= ?"
@@ -167,7 +168,7 @@ def _find_open(conn: Connection, hit: Hit, only_previous: bool = False) -> _Sess
         return None
     visitors = {
         r[0] for r in conn.execute(
-            "SELECT visitor_id FROM session_visitors WHERE session_id = ?", (row[0],))
+            "SELECT visitor_id FROM session_links WHERE session_id = ?", (row[0],))
     }
     return _Session(row[0], row[1], row[2], visitors)
 
@@ -179,7 +180,8 @@ def _create(conn: Connection, hit: Hit, site_hosts) -> _Session:
         (hit.site_id, hit.visitor_id, hit.ts, hit.ts, landing.channel, landing.source,
          landing.referrer, landing.landing_page, landing.entry_path, *landing.utm),
     ).lastrowid
-    return _Session(session_id, hit.ts, hit.ts, set())
+    first_touch_of_new_sessions(conn, [(hit.site_id, hit.visitor_id)])
+    return _Session(session_id, hit.ts, hit.ts, {hit.visitor_id})  # sessions.visitor_id
 
 
 def _save(conn: Connection, site_id: int, session: _Session) -> None:

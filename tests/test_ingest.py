@@ -183,7 +183,7 @@ def visit(minute: int, visitor: int = 1, name: str = "pageview", **fields) -> Ac
 def stored_sessions(db_path: str) -> list[tuple]:
     return [tuple(row.values()) for row in rows(
         db_path, "SELECT s.started_at, s.last_seen_at, s.pageviews, s.custom_events,"
-        " (SELECT count(*) FROM session_visitors v WHERE v.session_id = s.id) AS links,"
+        " (SELECT count(*) FROM session_links v WHERE v.session_id = s.id) AS links,"
         " (SELECT count(*) FROM events e WHERE e.session_id = s.id) AS events"
         " FROM sessions s ORDER BY s.started_at, s.last_seen_at DESC")]
 

@@ -207,7 +207,7 @@ def test_visitor_erase_removes_its_traffic_and_keeps_revenue(history):
     assert result["anonymized_sessions"] == 1 and result["identity_links"] == 1
     assert count(db, "events", "visitor_id = ?", (visitor,)) == 0
     assert count(db, "sessions", "visitor_id = ?", (visitor,)) == 0
-    assert count(db, "session_visitors", "visitor_id = ?", (visitor,)) == 0
+    assert count(db, "session_links", "visitor_id = ?", (visitor,)) == 0
     assert count(db, "visitor_identities") == 0
     assert revenue(db, site) == money  # the first touch stays, without the visitor id
     assert cli_json("check", db=db)["ok"]

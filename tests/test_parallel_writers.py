@@ -140,7 +140,7 @@ def test_two_hosts_hammering_one_site_store_exact_sessions_touches_usage_and_pay
     assert len(sessions) == visitors
     assert len({s["visitor_id"] for s in sessions}) == visitors
     assert sum(s["pageviews"] for s in sessions) == pageviews
-    assert rows(db, "SELECT count(*) AS n FROM session_visitors")[0]["n"] == visitors
+    assert rows(db, "SELECT count(*) AS n FROM session_links")[0]["n"] == visitors
     events_without_session = rows(
         db, "SELECT count(*) AS n FROM events WHERE session_id IS NULL AND name = 'pageview'")
     assert events_without_session[0]["n"] == 0

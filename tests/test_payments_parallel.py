@@ -15,7 +15,11 @@ import pytest
 
 from storage.backend import open_database
 from storage.payments import PaymentStore, lock_payments
-from storage.sessions import defined_first_touches, stored_first_touches
+from storage.sessions import (
+    defined_first_touches,
+    first_touch_of_new_sessions,
+    stored_first_touches,
+)
 from tests.conftest import WAIT, FakeClock, WriteLock, config_for, is_postgres, rows, wait_until
 from tests.test_payments_subscriptions import expected, stored
 from validation.payment import validate_payment
@@ -228,8 +232,7 @@ def test_first_touches_stay_as_defined_while_payments_and_the_flush_of_the_site_
                     conn.execute("INSERT INTO sessions (id, site_id, visitor_id, started_at,"
                                  " last_seen_at, channel) VALUES (?, 1, ?, ?, ?, 'Direct')",
                                  (session, visitor, started, started + 60_000))
-                    conn.execute("INSERT INTO session_visitors (site_id, visitor_id, session_id)"
-                                 " VALUES (1, ?, ?)", (visitor, session))
+                    first_touch_of_new_sessions(conn, [(1, visitor)])
                     if session % 3 == 0:
                         conn.execute("INSERT INTO visitor_identities (site_id, uid, visitor_id,"
                                      " linked_at) VALUES (1, ?, ?, ?) ON CONFLICT DO NOTHING",

@@ -140,7 +140,7 @@ def test_a_flush_spanning_several_days_continues_each_days_visits(db_path, db):
                                    " ('/back', '/again') AND visitor_id = ? ORDER BY id",
                           (visitor_id(read_salt(db.conn(), day), 1, IP_PACKED, agents[day]),))
             assert [row["session_id"] for row in stored] == [evening[day]] * 2
-            links = rows(db_path, "SELECT visitor_id FROM session_visitors WHERE session_id = ?"
+            links = rows(db_path, "SELECT visitor_id FROM session_links WHERE session_id = ?"
                                   " ORDER BY visitor_id", (evening[day],))
             assert sorted(row["visitor_id"] for row in links) == sorted(
                 [expected[2 * n], stored[0]["visitor_id"]])

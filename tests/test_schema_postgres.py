@@ -618,7 +618,6 @@ FIRST_TOUCH_SETUP = [
     "INSERT INTO sites (id, public_id, account_id, created_at) VALUES (1, 'site', 1, 0)",
     "INSERT INTO sessions (id, site_id, visitor_id, started_at, last_seen_at, channel)"
     " VALUES (1, 1, 7, 2000, 2000, 'Direct'), (2, 1, 42, 1000, 1000, 'Direct')",
-    "INSERT INTO session_visitors (site_id, visitor_id, session_id) VALUES (1, 7, 1), (1, 42, 2)",
     "INSERT INTO visitor_identities (site_id, uid, visitor_id, linked_at) VALUES (1, 'u7', 7, 0)",
 ]
 # Each step, then the first touch of every customer.
@@ -636,10 +635,13 @@ FIRST_TOUCH_STEPS = [
     ("INSERT INTO sessions (id, site_id, visitor_id, started_at, last_seen_at, channel)"
      " VALUES (3, 1, 9, 3000, 3000, 'Direct')",
      {"by_visitor": 2, "by_user": 2, "spaced": 2, "unlinked": 1}),
-    ("INSERT INTO session_visitors (site_id, visitor_id, session_id) VALUES (1, 9, 3)",
+    # Session 3 goes on under visitor 42 (a new day's id): a link beside its own id.
+    ("INSERT INTO session_visitors (site_id, visitor_id, session_id) VALUES (1, 42, 3)",
      {"by_visitor": 2, "by_user": 2, "spaced": 2, "unlinked": 1}),
+    # 'spaced' names 42 another way, which this trigger compares as text on both engines
+    # (tests/test_first_touch.py's xfail): it keeps session 2.
     ("UPDATE sessions SET started_at = 500 WHERE id = 3",
-     {"by_visitor": 2, "by_user": 2, "spaced": 2, "unlinked": 3}),
+     {"by_visitor": 3, "by_user": 3, "spaced": 2, "unlinked": 3}),
 ]
 
 

@@ -115,7 +115,7 @@ def test_a_session_crosses_midnight_under_the_previous_days_visitor_id(env):
     (row,) = env.sessions()
     assert ids == [row[0]] and row[3] == midnight + 10 * MIN
     visitors = env.conn().execute(
-        "SELECT visitor_id FROM session_visitors WHERE session_id = ? ORDER BY visitor_id",
+        "SELECT visitor_id FROM session_links WHERE session_id = ? ORDER BY visitor_id",
         (row[0],)).fetchall()
     assert visitors == [(101,), (102,)]
     # Long after midnight, yesterday's id no longer continues anything.

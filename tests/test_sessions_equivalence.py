@@ -319,7 +319,7 @@ def assert_same_flushes(db_path, tmp_path, flushes: list[tuple[int, list[Accepte
     """The reference write (on SQLite) and the flush's (on the test's database: on SQLite
     decided before the lock, as the flush thread does) store the (worker, units) flushes
     in turn; the tables must match after each. Returns the set-based side's
-    session_visitors rows."""
+    session_links rows (every visitor id of every session)."""
     sides = flush_sides(db_path, tmp_path)
     try:
         for worker, chunk in flushes:
@@ -333,7 +333,7 @@ def assert_same_flushes(db_path, tmp_path, flushes: list[tuple[int, list[Accepte
                 with db.transaction(conn):
                     write(conn, batch, prepared)
             assert_same_tables(sides)
-        return sides[1][1].execute("SELECT * FROM session_visitors").fetchall()
+        return sides[1][1].execute("SELECT * FROM session_links").fetchall()
     finally:
         for _, conn, *_ in sides:
             conn.close()

@@ -16,7 +16,7 @@ import orjson
 from reports.segments.queries import Segment
 from storage.connection import Connection
 from storage.dialect import dialect
-from storage.sessions import linked_customers
+from storage.sessions import linked_customers, linked_sessions
 from storage.statements import EMPTY, by_dialect, fragment, statement, template
 
 # A visit's events are read up to a day after the range: a visit started in the range may
@@ -44,11 +44,9 @@ _STEP_EVENTS = template(
 # The customers linked now to one of the visits' visitor ids (customer.visitor_id, or
 # customer.user_id -> $identify -> visitor), by visit.
 _VISIT_CUSTOMERS = by_dialect(**{name: (
-    f"WITH {linked_customers(name)}"  # noqa: S608 - fixed fragments by dialect
-    " SELECT DISTINCT sv.session_id, l.customer_id"
-    " FROM linked l CROSS JOIN session_visitors sv"
-    " WHERE sv.site_id = ?1 AND sv.visitor_id = l.visitor_id"
-    " AND sv.session_id IN (SELECT value FROM json_each(?2))"
+    f"WITH {linked_customers(name)}, {linked_sessions()}"  # noqa: S608 - fixed fragments
+    " SELECT DISTINCT v.session_id, v.customer_id FROM visits v"
+    " WHERE v.session_id IN (SELECT value FROM json_each(?2))"
 ) for name in ("sqlite", "postgres")})
 _CHARGES = statement(
     "SELECT customer_id, paid_at_ms FROM payments"

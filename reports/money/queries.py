@@ -28,7 +28,7 @@ from reports.money.revenue import PaymentRow, RevenuePayment, revenue_by_currenc
 from reports.shared.params import DateRange, end_of_day_ms
 from storage.connection import Connection
 from storage.dialect import dialect
-from storage.sessions import first_touch_join, linked_customers
+from storage.sessions import first_touch_join, linked_customers, linked_sessions
 from storage.statements import by_dialect, statement
 from vocabulary import UNATTRIBUTED
 
@@ -300,15 +300,14 @@ def revenue_rows(conn: Connection, site_id: int, t0: int, t1: int) -> list[Payme
 
 # Customers linked now to a visitor id (customer.visitor_id, or user_id -> $identify) that
 # did a custom event in [t0, t1): (event name, customer id). The linked visitors' sessions
-# come from session_visitors, and each session's events from a seek in events_site_ts over
-# the session's own time span, so only the customers' visits are read, not the range.
+# come from sessions_site_visitor and session_visitors (linked_sessions), and each
+# session's events from a seek in events_site_ts over the session's own time span, so
+# only the customers' visits are read, not the range.
 _CONVERTED_CUSTOMERS = by_dialect(**{name: (
-    f"WITH {linked_customers(name)}"  # noqa: S608 - fixed fragments by dialect
-    " SELECT DISTINCT e.name, l.customer_id"
-    " FROM linked l"
-    " CROSS JOIN session_visitors sv CROSS JOIN sessions s CROSS JOIN events e"
-    " WHERE sv.site_id = ?1 AND sv.visitor_id = l.visitor_id"
-    " AND s.id = sv.session_id"
+    f"WITH {linked_customers(name)}, {linked_sessions()}"  # noqa: S608 - fixed fragments
+    " SELECT DISTINCT e.name, v.customer_id"
+    " FROM visits v CROSS JOIN sessions s CROSS JOIN events e"
+    " WHERE s.id = v.session_id"
     " AND e.site_id = ?1 AND e.ts >= max(s.started_at, ?2)"
     " AND e.ts <= min(s.last_seen_at, ?3 - 1) AND e.session_id = s.id"
     " AND s.last_seen_at >= ?2 AND s.started_at < ?3"
