@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import falcon
 import orjson
+from gunicorn.http.body import Body, LengthReader
 from gunicorn.http.errors import ParseException
 
 from api.errors import invalid_input, too_large
@@ -20,7 +21,7 @@ def read_limited(req: falcon.Request, limit: int) -> bytes:
     # reads nothing; gunicorn's wsgi.input decodes the chunks, and we still stop one byte
     # past the limit.
     try:
-        data = req.stream.read(limit + 1 if length is None else length)
+        data = _read(req.stream, limit + 1 if length is None else length)
     except (OSError, ValueError, ParseException):
         # gunicorn decodes chunked framing while we read (InvalidChunkSize,
         # ChunkMissingTerminator, NoMoreData are OSErrors): the caller's fault, not ours.
@@ -28,6 +29,15 @@ def read_limited(req: falcon.Request, limit: int) -> bytes:
     if len(data) > limit:
         raise too_large(limit)
     return data
+
+
+def _read(stream, size: int) -> bytes:
+    """stream.read(size). gunicorn's Body.read takes a body 1,024 bytes at a time and
+    copies what is left of it each time (~25 us for an 8 KiB batch, against ~5.5); with a
+    Content-Length and nothing read yet, its LengthReader gives the same bytes at once."""
+    if type(stream) is Body and type(stream.reader) is LengthReader and not stream.buf.tell():
+        return stream.reader.read(size)
+    return stream.read(size)
 
 
 MAX_JSON_DEPTH = 64

@@ -78,12 +78,18 @@ def country_of(ip_packed: bytes) -> str | None:
     return iptocc.country_code(socket.inet_ntop(family, ip_packed))
 
 
+country_code, inet_ntop = iptocc.country_code, socket.inet_ntop
+AF_INET, AF_INET6 = socket.AF_INET, socket.AF_INET6
+MAX_PAGE_KEY_CHARS = 1_024  # as Memo's keys: a longer URL is parsed each time
+
+
 class Enricher:
     def __init__(self, db: Database, clock: Callable[[], float],
                  random_bytes: Callable[[int], bytes], cache_entries: int = 10_000):
         self.salts = VisitorSalts(db, clock, random_bytes)
         self.agents = AgentParser(cache_entries)
-        self._campaigns = Memo(campaign, cache_entries)  # page URLs repeat: parse each once
+        # Page URLs repeat: each one's path and campaign values are found once.
+        self._pages: dict[str, tuple[str, tuple]] = {}
         self._referrer_hosts = Memo(url_host, cache_entries)
         self._cache_entries = cache_entries
         self._hashers: dict[tuple[int, int], object] = {}  # (day, site id) -> keyed BLAKE2b
@@ -104,6 +110,15 @@ class Enricher:
             self._hashers[(day, site_id)] = hasher
         return hasher
 
+    def _page(self, url: str, authority_end: int) -> tuple[str, tuple]:
+        """(pathname, campaign values) of a page URL, remembered (bounded as a Memo)."""
+        page = (pathname(url, authority_end), campaign(url))
+        if len(url) <= MAX_PAGE_KEY_CHARS:
+            if len(self._pages) >= self._cache_entries:
+                self._pages.clear()
+            self._pages[url] = page
+        return page
+
     def build(self, conn: Connection, units: list[Unit]) -> EventBatch:
         rows: list[EventRow] = []
         usage: dict[tuple[int, str], int] = {}
@@ -111,7 +126,7 @@ class Enricher:
         wanted = []  # (row index, unit, event) that need yesterday's visitor id
         unlinked: set[int] = set()
         describe = self.agents.describe
-        campaigns, referrer_hosts = self._campaigns, self._referrer_hosts
+        pages, referrer_hosts = self._pages, self._referrer_hosts
         for unit in units:
             site_id, day = unit.site_id, unit.day
             reach = day * DAY_MS + PREVIOUS_DAY_REACH_MS
@@ -134,13 +149,20 @@ class Enricher:
                     visitor = hashed_visitor_id(hasher, ip_packed, ua)
                     if ts <= reach or name == IDENTIFY:
                         wanted.append((len(rows), unit, event))
-                country = country_of(ip_packed) if ip_packed is not None else None
+                if ip_packed is None:
+                    country = None
+                else:  # country_of() without its call
+                    country = country_code(inet_ntop(AF_INET if len(ip_packed) == 4 else AF_INET6,
+                                                     ip_packed))
+                page = pages.get(url)
+                if page is None:
+                    page = self._page(url, authority_end)
                 if not links_identity and name == IDENTIFY:
                     unlinked.add(len(rows))
                 rows.append(new_event_row((  # EventRow's fields, in order
-                    site_id, ts, name, visitor, pathname(url, authority_end), url, host,
+                    site_id, ts, name, visitor, page[0], url, host,
                     referrer, referrer and referrer_hosts[referrer], title, width, language,
-                    uid, props, country, browser, os_family, device, *campaigns[url],
+                    uid, props, country, browser, os_family, device, *page[1],
                     anonymous,
                 )))
             if unit.counted:

@@ -42,8 +42,7 @@ _LENGTH_BYTE = tuple(bytes((n,)) for n in range(256))
 def hashed_visitor_id(hasher, ip_packed: bytes, ua: str) -> int:
     """visitor_id() with the salt and site already in `hasher` (left unchanged)."""
     hasher = hasher.copy()
-    hasher.update(_LENGTH_BYTE[len(ip_packed)] + ip_packed)
-    hasher.update(ua.encode())
+    hasher.update(_LENGTH_BYTE[len(ip_packed)] + ip_packed + ua.encode())  # one update: the same bytes
     return int.from_bytes(hasher.digest(), "big", signed=True)
 
 

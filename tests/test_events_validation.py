@@ -240,3 +240,37 @@ def test_queued_events_hold_a_repeated_page_host_and_referrer_once():
         ("https://Example.com./pricing?x=1", "example.com", "https://www.google.com/")] * 4
     for field in ("url", "host", "referrer"):
         assert len({id(getattr(event, field)) for event in events}) == 1, field
+
+
+def test_a_repeated_page_is_checked_once_and_cleaned_the_same(monkeypatch):
+    """Valid page URLs are remembered (validation.event._pages): a repeat gets the same
+    url, host and path start; refused URLs are not remembered; the memo is bounded in
+    entries and in the length of the URLs it keeps."""
+    import validation.event as event_module
+
+    pages: dict = {}
+    monkeypatch.setattr(event_module, "_pages", pages)
+    monkeypatch.setattr(event_module, "PAGE_MEMO_ENTRIES", 3)
+    url = "https://Shop.Example.com.:8443/cart?x=1"
+    first, again = one(u=url), one(u=url)
+    assert (first.url, first.host, first.authority_end) == (url, "shop.example.com", url.index("/cart"))
+    assert (again.url, again.host, again.authority_end) == (url, "shop.example.com", url.index("/cart"))
+    assert again.url is first.url and url in pages
+    assert refused(single(u="https://exa mple.com/")) == (
+        "invalid event input: u: required, an absolute http or https URL of at most 2048 bytes")
+    assert refused(batch(element(), element(u="nope"))).startswith("invalid event input: b[1].u: ")
+    assert "nope" not in pages and "https://exa mple.com/" not in pages
+    for n in range(5):
+        assert one(u=f"https://example.com/{n}").authority_end == len("https://example.com")
+    assert len(pages) <= 3
+    long_url = "https://example.com/" + "a" * event_module.PAGE_MEMO_CHARS
+    assert one(u=long_url).host == "example.com" and long_url not in pages
+
+
+def test_a_batch_of_ipv4_and_ipv6_addresses_packs_each_once():
+    events = parse_events(batch(element(ip="203.0.113.7"), element(ip="2001:db8::1"),
+                                element(ip="::ffff:203.0.113.7")), NOW)[1]
+    assert [event.ip_packed for event in events] == [
+        bytes([203, 0, 113, 7]), bytes.fromhex("20010db8" + "0" * 23 + "1"), bytes([203, 0, 113, 7])]
+    assert refused(batch(element(), element(), element(ip="1.2.3"))).startswith(
+        "invalid event input: b[2].ip: must be an IPv4 or IPv6 address")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+import iptocc
 import pytest
 
 from enrichment.enricher import Enricher, previous_visitor_ids
@@ -93,3 +94,27 @@ def test_the_site_check_takes_the_new_sessions_ids_in_its_statement(db, db_path)
         for new_sessions in (0, 2):
             with pytest.raises(SiteNotStored, match="site 2 is not stored"):
                 refuse_missing_sites(conn, batch.rows + removed, new_sessions)
+
+
+def test_enrich_remembers_each_page_bounded(db):
+    """A page's path and campaign values are found once per URL (Enricher._pages): a
+    repeat gets the same, an IPv6 visitor its country too, and the memo is bounded in
+    entries (cache_entries) and in the length of the URLs it keeps."""
+    enricher = Enricher(db, FakeClock(NOW_MS / 1000), counting_bytes(), cache_entries=3)
+    who = {"ip": "2a02:8108::1", "ua": "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Firefox/128.0"}
+    page = "https://example.com/a/b?utm_source=news&utm_medium=mail#top"
+    conn = db.conn()
+    rows = pipeline.enrich(enricher, conn, [unit({"e": "pageview", "u": page, **who},
+                                                 {"e": "pageview", "u": page, **who})]).rows
+    assert [(row.pathname, row.utm_source, row.utm_medium, row.utm_campaign) for row in rows] == [
+        ("/a/b", "news", "mail", None)] * 2
+    assert rows[0].country == iptocc.country_code("2a02:8108::1") is not None
+    assert page in enricher._pages
+    pages = [f"https://example.com/{n}?gclid=g{n}" for n in range(5)]
+    rows = pipeline.enrich(enricher, conn, [unit(*({"e": "pageview", "u": url} for url in pages))]).rows
+    assert [(row.pathname, row.gclid) for row in rows] == [(f"/{n}", f"g{n}") for n in range(5)]
+    assert len(enricher._pages) <= 3
+    long_page = "https://example.com/" + "a" * 1_100 + "?utm_source=x"
+    (row,) = pipeline.enrich(enricher, conn, [unit({"e": "pageview", "u": long_page})]).rows
+    assert (row.pathname, row.utm_source) == ("/" + "a" * 1_100, "x")
+    assert long_page not in enricher._pages

@@ -34,6 +34,13 @@ SINGLE_FIELDS = EVENT_FIELDS | {"s"}
 BATCH_FIELDS = frozenset({"s", "b"})
 ELEMENT_FIELDS = SINGLE_FIELDS  # an element may repeat the batch's `s`
 
+# Pages repeat across events: each valid URL's parts are found once, then looked up (one
+# hash of the URL, as interning it costs). Bounded in entries and in each URL's length, so
+# a flood of distinct URLs holds at most ~PAGE_MEMO_ENTRIES * PAGE_MEMO_CHARS bytes.
+PAGE_MEMO_ENTRIES = 1_024
+PAGE_MEMO_CHARS = 256
+_pages: dict[str, tuple[str, str, int]] = {}
+
 _EVENT_NAME = re.compile(r"[A-Za-z0-9 _-]{1,64}")
 # The names nearly every event carries: valid as they are, and held once, not per event.
 _COMMON_NAMES = {PAGEVIEW: PAGEVIEW, IDENTIFY: IDENTIFY}
@@ -98,7 +105,7 @@ def parse_events(body: object, now_ms: int) -> tuple[str, list[CleanEvent]]:
     if "b" not in body:
         _reject_unknown(body, SINGLE_FIELDS, "")
         site = _site(body)
-        return site, [_event(body, now_ms, "")]
+        return site, [_event(body, now_ms, None)]
     _reject_unknown(body, BATCH_FIELDS, "")
     site = _site(body)
     elements = body["b"]
@@ -106,13 +113,13 @@ def parse_events(body: object, now_ms: int) -> tuple[str, list[CleanEvent]]:
         raise InvalidEvent("b", MESSAGES["b"])
     events = []
     for index, element in enumerate(elements):
-        where = f"b[{index}]."
         if type(element) is not dict:
             raise InvalidEvent(f"b[{index}]", MESSAGES["element"])
-        _reject_unknown(element, ELEMENT_FIELDS, where)
+        if not element.keys() <= ELEMENT_FIELDS:
+            _reject_unknown(element, ELEMENT_FIELDS, f"b[{index}].")
         if "s" in element and element["s"] != site:
-            raise InvalidEvent(where + "s", MESSAGES["element.s"])
-        events.append(_event(element, now_ms, where))
+            raise InvalidEvent(f"b[{index}].s", MESSAGES["element.s"])
+        events.append(_event(element, now_ms, index))
     return site, events
 
 
@@ -128,65 +135,67 @@ def _site(body: dict) -> str:
     return site
 
 
-def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
+def _field(index: int | None, name: str) -> str:
+    """The field's name in messages: `u`, or `b[3].u` for a batch's fourth event."""
+    return name if index is None else f"b[{index}].{name}"
+
+
+def _event(obj: dict, now_ms: int, index: int | None) -> CleanEvent:
     get = obj.get
 
     sent_name = get("e")
     name = _COMMON_NAMES.get(sent_name) if type(sent_name) is str else None
     if name is None:
         if type(sent_name) is not str or _EVENT_NAME.fullmatch(sent_name) is None:
-            raise InvalidEvent(where + "e", MESSAGES["e"])
+            raise InvalidEvent(_field(index, "e"), MESSAGES["e"])
         name = sent_name
 
     url = get("u")
-    match = None
-    if type(url) is str and _fits(url, URL_MAX_BYTES):
-        match = _url_match(url)
-    if match is None:
-        raise InvalidEvent(where + "u", MESSAGES["u"])
-    # Interned, as the agent below: a full queue holds each page, host and referrer once,
-    # and the hash computed here is the one the host check and the flush's caches use.
-    url = _intern(url)
-    host = _intern(match.group(1).lower().rstrip("."))
+    page = _pages.get(url) if type(url) is str else None
+    if page is None:
+        page = _page(url)
+        if page is None:
+            raise InvalidEvent(_field(index, "u"), MESSAGES["u"])
+    url, host, authority_end = page
 
     referrer = get("r")
     if referrer is not None:
         if type(referrer) is not str or not _fits(referrer, URL_MAX_BYTES):
-            raise InvalidEvent(where + "r", MESSAGES["r"])
+            raise InvalidEvent(_field(index, "r"), MESSAGES["r"])
         referrer = _intern(referrer) if referrer else None
 
     title = get("t")
     if title is not None:
         if type(title) is not str:
-            raise InvalidEvent(where + "t", MESSAGES["t"])
+            raise InvalidEvent(_field(index, "t"), MESSAGES["t"])
         title = truncate_utf8(title, TITLE_MAX_BYTES)
 
     width = get("w")
     if width is not None and (type(width) is not int or not 0 <= width <= WIDTH_MAX):
-        raise InvalidEvent(where + "w", MESSAGES["w"])
+        raise InvalidEvent(_field(index, "w"), MESSAGES["w"])
 
     language = get("l")
     if language is not None:
         if type(language) is not str:
-            raise InvalidEvent(where + "l", MESSAGES["l"])
+            raise InvalidEvent(_field(index, "l"), MESSAGES["l"])
         language = truncate_utf8(language, LANGUAGE_MAX_BYTES)
 
     uid = get("uid")
     if uid is None:
         if name == IDENTIFY:
-            raise InvalidEvent(where + "uid", MESSAGES["uid.identify"])
+            raise InvalidEvent(_field(index, "uid"), MESSAGES["uid.identify"])
     elif type(uid) is not str or not uid or not _fits(uid, UID_MAX_BYTES):
         key = "uid.identify" if name == IDENTIFY else "uid"
-        raise InvalidEvent(where + "uid", MESSAGES[key])
+        raise InvalidEvent(_field(index, "uid"), MESSAGES[key])
 
     props = get("p")
     if props is not None:
         if type(props) is not dict:
-            raise InvalidEvent(where + "p", MESSAGES["p"])
+            raise InvalidEvent(_field(index, "p"), MESSAGES["p"])
         if props:
             text = _dumps(props)
             if len(text) > PROPS_MAX_BYTES:
-                raise InvalidEvent(where + "p", MESSAGES["p"])
+                raise InvalidEvent(_field(index, "p"), MESSAGES["p"])
             props = text.decode()
         else:
             props = None
@@ -195,7 +204,7 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
     if ts is None:
         ts = now_ms
     elif type(ts) is not int:
-        raise InvalidEvent(where + "ts", MESSAGES["ts"])
+        raise InvalidEvent(_field(index, "ts"), MESSAGES["ts"])
     elif not now_ms - TS_PAST_MS <= ts <= now_ms + TS_FUTURE_MS:
         ts = now_ms
 
@@ -203,24 +212,46 @@ def _event(obj: dict, now_ms: int, where: str) -> CleanEvent:
     ip_packed = None
     if ip is not None:
         if type(ip) is str:
-            ip_packed = pack_ip(ip)
+            try:  # IPv4 without pack_ip's call, the usual case
+                ip_packed = _pton(_AF_INET, ip)
+            except OSError:
+                ip_packed = pack_ip(ip)
         if ip_packed is None:
-            raise InvalidEvent(where + "ip", MESSAGES["ip"])
+            raise InvalidEvent(_field(index, "ip"), MESSAGES["ip"])
 
     ua = get("ua")
     if ua:
         if type(ua) is not str:
-            raise InvalidEvent(where + "ua", MESSAGES["ua"])
+            raise InvalidEvent(_field(index, "ua"), MESSAGES["ua"])
         # Its hash, computed here, is the one the bot check and the flush's parser cache use.
         ua = _intern(ua)
     elif ua is not None and type(ua) is not str:
-        raise InvalidEvent(where + "ua", MESSAGES["ua"])
+        raise InvalidEvent(_field(index, "ua"), MESSAGES["ua"])
 
-    return _new_event(CleanEvent, (name, ts, url, host, match.end(), referrer, title, width,
+    return _new_event(CleanEvent, (name, ts, url, host, authority_end, referrer, title, width,
                                    language, uid, props, ip_packed, ua or None))
 
 
+def _page(url: object) -> tuple[str, str, int] | None:
+    """(url, host, authority_end) of a valid page URL, else None; remembered in `_pages`."""
+    if type(url) is not str or not _fits(url, URL_MAX_BYTES):
+        return None
+    match = _url_match(url)
+    if match is None:
+        return None
+    # Interned, as the agent: a full queue holds each page, host and referrer once, and
+    # the hash computed here is the one the host check and the flush's caches use.
+    page = (_intern(url), _intern(match.group(1).lower().rstrip(".")), match.end())
+    if len(url) <= PAGE_MEMO_CHARS:
+        if len(_pages) >= PAGE_MEMO_ENTRIES:
+            _pages.clear()
+        _pages[page[0]] = page
+    return page
+
+
 _url_match = _HTTP_URL.match
+_pton = socket.inet_pton
+_AF_INET = socket.AF_INET
 _intern = sys.intern
 _dumps = orjson.dumps
 # CleanEvent(...) less its generated __new__'s Python frame: the fields are given in order.
