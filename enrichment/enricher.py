@@ -78,8 +78,6 @@ def country_of(ip_packed: bytes) -> str | None:
     return iptocc.country_code(socket.inet_ntop(family, ip_packed))
 
 
-country_code, inet_ntop = iptocc.country_code, socket.inet_ntop
-AF_INET, AF_INET6 = socket.AF_INET, socket.AF_INET6
 MAX_PAGE_KEY_CHARS = 1_024  # as Memo's keys: a longer URL is parsed each time
 
 
@@ -149,11 +147,7 @@ class Enricher:
                     visitor = hashed_visitor_id(hasher, ip_packed, ua)
                     if ts <= reach or name == IDENTIFY:
                         wanted.append((len(rows), unit, event))
-                if ip_packed is None:
-                    country = None
-                else:  # country_of() without its call
-                    country = country_code(inet_ntop(AF_INET if len(ip_packed) == 4 else AF_INET6,
-                                                     ip_packed))
+                country = country_of(ip_packed) if ip_packed is not None else None
                 page = pages.get(url)
                 if page is None:
                     page = self._page(url, authority_end)

@@ -212,10 +212,7 @@ def _event(obj: dict, now_ms: int, index: int | None) -> CleanEvent:
     ip_packed = None
     if ip is not None:
         if type(ip) is str:
-            try:  # IPv4 without pack_ip's call, the usual case
-                ip_packed = _pton(_AF_INET, ip)
-            except OSError:
-                ip_packed = pack_ip(ip)
+            ip_packed = pack_ip(ip)
         if ip_packed is None:
             raise InvalidEvent(_field(index, "ip"), MESSAGES["ip"])
 
@@ -250,8 +247,6 @@ def _page(url: object) -> tuple[str, str, int] | None:
 
 
 _url_match = _HTTP_URL.match
-_pton = socket.inet_pton
-_AF_INET = socket.AF_INET
 _intern = sys.intern
 _dumps = orjson.dumps
 # CleanEvent(...) less its generated __new__'s Python frame: the fields are given in order.
