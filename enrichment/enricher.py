@@ -78,7 +78,9 @@ def country_of(ip_packed: bytes) -> str | None:
     return iptocc.country_code(socket.inet_ntop(family, ip_packed))
 
 
-MAX_PAGE_KEY_CHARS = 1_024  # as Memo's keys: a longer URL is parsed each time
+def page_parts(url: str, authority_end: int) -> tuple[str, tuple]:
+    """(pathname, campaign values) of a page URL whose authority ends at `authority_end`."""
+    return pathname(url, authority_end), campaign(url)
 
 
 class Enricher:
@@ -87,7 +89,7 @@ class Enricher:
         self.salts = VisitorSalts(db, clock, random_bytes)
         self.agents = AgentParser(cache_entries)
         # Page URLs repeat: each one's path and campaign values are found once.
-        self._pages: dict[str, tuple[str, tuple]] = {}
+        self._pages = Memo(page_parts, cache_entries)
         self._referrer_hosts = Memo(url_host, cache_entries)
         self._cache_entries = cache_entries
         self._hashers: dict[tuple[int, int], object] = {}  # (day, site id) -> keyed BLAKE2b
@@ -107,15 +109,6 @@ class Enricher:
             hasher = visitor_hasher(self.salts.salt(conn, day), site_id)
             self._hashers[(day, site_id)] = hasher
         return hasher
-
-    def _page(self, url: str, authority_end: int) -> tuple[str, tuple]:
-        """(pathname, campaign values) of a page URL, remembered (bounded as a Memo)."""
-        page = (pathname(url, authority_end), campaign(url))
-        if len(url) <= MAX_PAGE_KEY_CHARS:
-            if len(self._pages) >= self._cache_entries:
-                self._pages.clear()
-            self._pages[url] = page
-        return page
 
     def build(self, conn: Connection, units: list[Unit]) -> EventBatch:
         rows: list[EventRow] = []
@@ -150,7 +143,7 @@ class Enricher:
                 country = country_of(ip_packed) if ip_packed is not None else None
                 page = pages.get(url)
                 if page is None:
-                    page = self._page(url, authority_end)
+                    page = pages.add(url, authority_end)
                 if not links_identity and name == IDENTIFY:
                     unlinked.add(len(rows))
                 rows.append(new_event_row((  # EventRow's fields, in order

@@ -21,7 +21,13 @@ class Memo(dict):
         self.max_key_length = max_key_length
 
     def __missing__(self, key: Sized) -> Any:
-        value = self.fn(key)
+        return self.add(key)
+
+    def add(self, key: Sized, *args: Any) -> Any:
+        """fn(key, *args), kept under `key` within the bounds; for a miss whose function
+        needs more than the key (each of `args` follows from the key, so a hit is still a
+        look-up of the key alone)."""
+        value = self.fn(key, *args)
         if len(key) <= self.max_key_length:
             if len(self) >= self.max_entries:
                 self.clear()

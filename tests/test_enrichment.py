@@ -236,6 +236,17 @@ def test_memo_is_bounded_in_entries_and_key_length():
     assert long_key not in memo and calls.count(long_key) == 2
 
 
+def test_memo_add_passes_what_follows_from_the_key_and_keeps_the_bounds():
+    calls = []
+    memo = Memo(lambda key, start: calls.append(key) or key[start:], max_entries=2,
+                max_key_length=10)
+    assert memo.add("https", 5) == "" and memo.get("https") == ""
+    assert memo.add("a:b", 2) == "b" and memo.add("ccc", 1) == "cc"
+    assert len(memo) <= 2 and calls == ["https", "a:b", "ccc"]
+    long_key = "x" * 11
+    assert memo.add(long_key, 10) == "x" and long_key not in memo
+
+
 @functools.cache
 def _reference_parser():
     """ua-parser's reference resolver: every uap-core expression as written, in Python's re,
