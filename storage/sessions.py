@@ -222,10 +222,11 @@ def sessions_of_visitors(conn: sqlite3.Connection, site_id: int, visitor_ids: li
 # different sites run at once) from the sessions' id sequence.
 PROVISIONAL_SESSION_ID = 1 << 62
 # The sequence is looked up once: pg_get_serial_sequence per row cost more than nextval.
-_NEW_SESSION_IDS = native("postgres",
-                          "WITH sequence AS MATERIALIZED (SELECT pg_get_serial_sequence('sessions',"
-                          " 'id')::regclass AS id) SELECT nextval(sequence.id)"
-                          " FROM sequence CROSS JOIN generate_series(1, ?) ORDER BY 1")
+# storage.events takes the ids with its site check through this same text.
+NEW_SESSION_IDS = native("postgres",
+                         "WITH sequence AS MATERIALIZED (SELECT pg_get_serial_sequence('sessions',"
+                         " 'id')::regclass AS id) SELECT nextval(sequence.id)"
+                         " FROM sequence CROSS JOIN generate_series(1, ?) ORDER BY 1")
 
 
 def next_session_id(conn: sqlite3.Connection) -> int:
@@ -241,7 +242,7 @@ def final_session_ids(conn: sqlite3.Connection, count: int) -> list[int]:
     if not count:
         return []
     if dialect(conn) == "postgres":
-        return [row[0] for row in conn.execute(_NEW_SESSION_IDS, (count,))]
+        return [row[0] for row in conn.execute(NEW_SESSION_IDS, (count,))]
     first = next_session_id(conn)
     return list(range(first, first + count))
 
