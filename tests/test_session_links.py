@@ -106,7 +106,7 @@ def _previous_release(db_path: str) -> None:
 
 
 def test_a_database_of_the_release_before_moves_over_and_answers_the_same(
-        client, tally, site, clock, db_path):
+        client, tally, site, clock, db_path, tmp_path, restore_backup):
     tally.start()
     _send(client, tally, clock, site)
     crossed, erased = _today_id(db_path, "/app"), _today_id(db_path, "/docs")
@@ -174,3 +174,10 @@ def test_a_database_of_the_release_before_moves_over_and_answers_the_same(
     assert cli_json("report", "revenue", "--site", site_id, "--from", "2026-09-21",
                     "--to", "2026-09-22", db=db_path) == revenue
     assert cli_json("check", db=db_path)["ok"]
+    # The moved-over data backs up and restores: the copy checks and answers the same.
+    copy = tmp_path / "moved.backup"
+    assert cli_json("backup", str(copy), db=db_path)["integrity"] == "ok"
+    restored = restore_backup(db_path, copy)
+    assert cli_json("check", db=restored)["ok"]
+    assert cli_json("report", "revenue", "--site", site_id, "--from", "2026-09-21",
+                    "--to", "2026-09-22", db=restored) == revenue
