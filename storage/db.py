@@ -54,6 +54,18 @@ class StorageError(Exception):
     """The database cannot do what was asked (corrupt, unwritable, full)."""
 
 
+class SchemaTooNew(StorageError):
+    """The database was brought to a schema version above this release's by a later
+    release: this code does not know what that version changed, so it writes nothing."""
+
+    def __init__(self, found: int, known: int):
+        super().__init__(
+            f"the database is at schema version {found}, newer than this release of Tally"
+            f" knows ({known}): a later release wrote it; run that release or a later one"
+            f" (README: Upgrades), or restore a backup this release made")
+        self.found, self.known = found, known
+
+
 class StorageBusy(StorageError):
     """A transient condition: the write lock stayed taken past the bounded wait."""
 
@@ -212,7 +224,7 @@ class Database:
                 conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")  # sql-safe: an int
             conn.lock_wait_ms = int(self.busy_timeout_ms if busy_timeout_ms is None
                                     else busy_timeout_ms)
-        except sqlite3.DatabaseError:
+        except (sqlite3.DatabaseError, StorageError):
             conn.close()
             raise
         return conn
@@ -401,7 +413,10 @@ class Database:
             if self._schema_pid == os.getpid():
                 return
             version, script = schema()
-            if conn.execute("PRAGMA user_version").fetchone()[0] < version:
+            found = conn.execute("PRAGMA user_version").fetchone()[0]
+            if found > version:
+                raise SchemaTooNew(found, version)
+            if found < version:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     found = conn.execute("PRAGMA user_version").fetchone()[0]

@@ -220,6 +220,9 @@ def _restore_sqlite(db: Database, source: Path) -> RestoreResult:
     except sqlite3.Error as exc:
         partial.unlink(missing_ok=True)
         raise MaintenanceError(f"{source} cannot be read as a database: {exc}") from exc
+    if version > db.latest_version:
+        partial.unlink(missing_ok=True)
+        raise MaintenanceError(_too_new(source, version, db.latest_version))
     if problems:
         partial.unlink(missing_ok=True)
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -269,6 +272,9 @@ def _restore_postgres(db, source: Path) -> RestoreResult:
         raise MaintenanceError(f"{source} is not an archive of one schema (tally backup writes"
                                f" those); it holds {len(schemas)}")
     (schema_name,) = schemas
+    version = _archive_version(tool, source)
+    if version > db.latest_version:
+        raise MaintenanceError(_too_new(source, version, db.latest_version))
     conn = connect_as_is(db.url, db.busy_timeout_ms)
     try:
         current, search_path = conn.execute(_SEARCH_PATH).fetchone()
@@ -314,6 +320,27 @@ def _restore_postgres(db, source: Path) -> RestoreResult:
     finally:
         conn.close()
     return RestoreResult(str(source), db.location, version)
+
+
+def _too_new(source, version: int, known: int) -> str:
+    return (f"the backup {source} is at schema version {version}, newer than this release of"
+            f" Tally knows ({known}): nothing was restored; restore it with the release that"
+            f" made it or a later one")
+
+
+# The one row of tally_schema_version as pg_restore writes its data: "24<TAB>t".
+_ARCHIVE_VERSION = re.compile(r"^COPY \S+\.tally_schema_version \(version, one_row\) FROM stdin;\n(\d+)\t",
+                              re.MULTILINE)
+
+
+def _archive_version(tool: str, source: Path) -> int:
+    """The schema version an archive of `tally backup` holds (0 when it holds none)."""
+    data = subprocess.run([tool, "--data-only", "--table=tally_schema_version", "--file=-",
+                           str(source)], capture_output=True, text=True, check=False)
+    if data.returncode != 0:
+        raise MaintenanceError(f"pg_restore cannot read {source}: {_one_line(data.stderr)}")
+    found = _ARCHIVE_VERSION.search(data.stdout)
+    return int(found.group(1)) if found else 0
 
 
 def connection_as_is(db: Database):

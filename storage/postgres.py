@@ -52,6 +52,7 @@ from storage.db import (
     Budget,
     ReadBudgetExceeded,
     ReplicaLost,
+    SchemaTooNew,
     StorageBusy,
     StorageError,
 )
@@ -1028,7 +1029,10 @@ def schema_version(conn: PostgresConnection) -> int:
 def apply_schema(conn: PostgresConnection) -> None:
     """Create what is missing and record the version; one process at a time."""
     version = migrations.postgres_version()
-    if schema_version(conn) >= version:
+    found = schema_version(conn)
+    if found > version:
+        raise SchemaTooNew(found, version)
+    if found == version:
         return
     raw = conn.raw
     with raw.transaction():
@@ -1038,6 +1042,8 @@ def apply_schema(conn: PostgresConnection) -> None:
                     " version BIGINT NOT NULL, one_row BOOLEAN PRIMARY KEY DEFAULT true"
                     " CHECK (one_row))")
         found = schema_version(conn)
+        if found > version:  # a later release's host upgraded it meanwhile
+            raise SchemaTooNew(found, version)
         if found < version:
             if found:
                 log.info("upgrading the PostgreSQL schema from version %d to %d%s", found, version,
