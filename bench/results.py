@@ -183,6 +183,10 @@ HEADLINES = (
      lambda s: _dig(_ok(s.get("flusher")), "cpu_us_per_event")),
     ("flush thread alone, database server's CPU us/event",
      lambda s: _dig(_ok(s.get("flusher")), "database_cpu_us_per_event")),
+    ("flush threads of two hosts at once, events/s",
+     lambda s: _dig(_ok(s.get("hosts")), "two_hosts", "events_per_s")),
+    ("two hosts over one host's flush thread",
+     lambda s: _dig(_ok(s.get("hosts")), "two_over_one")),
     ("events table bytes an event, with its index",
      lambda s: _dig(_ok(s.get("flusher")), "bytes_per_event")),
     ("events the reports ran over", lambda s: _dig(_ok(s.get("reports")), "events")),
@@ -279,6 +283,15 @@ def table_rows(doc: dict) -> list[list[str]]:
                      f"{_fmt(enrich.get('cpu_us_per_event'), 1)} us/event"])
     elif flush is not None:
         add("flusher alone", flush)
+    hosts = s.get("hosts")
+    if _ok(hosts):
+        one, two = hosts["one_host"], hosts["two_hosts"]
+        rows.append([f"flush threads of 2 hosts, {hosts['events_per_host']:,} events each", "-",
+                     _fmt(two["events_per_s"]), "-", "-", "-", "-",
+                     f"one host alone {_fmt(one['events_per_s'])}/s; two over one "
+                     f"{_fmt(hosts['two_over_one'], 2)}"])
+    elif hosts is not None:
+        add("flush threads of 2 hosts", hosts)
     raw_postgres = s.get("postgres")
     if _ok(raw_postgres):
         ways = raw_postgres["ways"]
@@ -426,6 +439,14 @@ def markdown(doc: dict) -> str:
                                      if w.get("server_cpu_us_per_row") is not None else "")
                                   for way, w in raw["ways"].items())
                       + ". Storage writes events and sessions with COPY."]
+        hosts = _ok(postgres["scenarios"].get("hosts"))
+        if hosts:
+            one, two = hosts["one_host"], hosts["two_hosts"]
+            lines += ["", f"Two hosts at once (`bench/parallel_flush.py`: each a process with its"
+                      f" own site, {hosts['events_per_host']:,} events each, flush threads alone"
+                      f" into the one server) stored {_fmt(two['events_per_s'])} events/s against"
+                      f" one host's {_fmt(one['events_per_s'])} ({_fmt(hosts['two_over_one'], 2)}"
+                      " x; issue 29: two hosts not slower than one)."]
     return "\n".join(lines)
 
 

@@ -88,13 +88,14 @@ BATCH_LADDERS = {"sqlite": BATCH_LADDER,
 # A key of the shape storage.directory.KEY_PATTERN gives Tally's keys.
 CEILING_KEY = "tly_" + "c" * 43
 SCENARIOS = ("ceiling", "single", "collect", "batches", "payments", "slow_clients", "sqlite",
-             "postgres", "flusher", "reports", "hostile", "reads")
-# What each backend runs, of those asked for: SQLite everything but PostgreSQL's raw insert;
-# PostgreSQL what depends on the database (the ceiling, the slow clients and the parsers
-# do not).
+             "postgres", "flusher", "hosts", "reports", "hostile", "reads")
+# What each backend runs, of those asked for: SQLite everything but PostgreSQL's raw insert
+# and its hosts; PostgreSQL what depends on the database (the ceiling, the slow clients and
+# the parsers do not) and several hosts writing one server.
 BACKEND_SCENARIOS = {
-    "sqlite": tuple(name for name in SCENARIOS if name != "postgres"),
-    "postgres": ("single", "batches", "payments", "postgres", "flusher", "reports", "reads"),
+    "sqlite": tuple(name for name in SCENARIOS if name not in ("postgres", "hosts")),
+    "postgres": ("single", "batches", "payments", "postgres", "flusher", "hosts", "reports",
+                 "reads"),
 }
 BACKENDS = tuple(BACKEND_SCENARIOS)
 POSTGRES_URL = (os.environ.get("TALLY_BENCH_DATABASE_URL")
@@ -393,6 +394,21 @@ class Bench:
 
     def flusher(self) -> dict:
         return flusher_drain(self.new_database("flusher"), self.flusher_events, self)
+
+    def hosts(self) -> dict:
+        """One host's flush thread, then two hosts' at once (a process and a site each, the
+        same number of events each), storing into the one server (bench/parallel_flush.py,
+        `make bench-hosts`): issue 29 asks two not to be slower than one."""
+        from bench import parallel_flush
+
+        events = 30_000 if self.quick else 100_000
+        one = parallel_flush.run(self.postgres_url, 1, events)
+        two = parallel_flush.run(self.postgres_url, 2, events)
+        return {"events_per_host": events, "one_host": one, "two_hosts": two,
+                "events_per_s": two["events_per_s"],
+                "two_over_one": round(two["events_per_s"] / one["events_per_s"], 2),
+                "what": "flush threads alone, each host a process with its own site and full"
+                        " queue; events/s from the first event to the last commit"}
 
     def reports(self) -> dict:
         """Each report over the flusher scenario's stored events, through the real service,
@@ -874,8 +890,8 @@ def run_backend(bench: Bench, names: list[str], machine: dict,
     scenarios: dict = {}
     try:
         for name in names:
-            if name == "flusher":
-                bench.close()  # the flusher runs alone, with no server using CPU
+            if name in ("flusher", "hosts"):
+                bench.close()  # flush threads run alone, with no server using CPU
             scenarios[name] = run_scenario(f"{bench.backend} {name}", getattr(bench, name), log)
             if name == "ceiling" and "single" not in names:
                 bench.stop_ceiling()

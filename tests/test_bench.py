@@ -225,6 +225,9 @@ POSTGRES_SCENARIOS = {
         "COPY": {"rows_per_s": 90_000, "client_cpu_us_per_row": 3.0,
                  "server_cpu_us_per_row": None}}),
     "payments": {"status": "error", "reason": "RuntimeError: pg boom"},
+    "hosts": _scenario(events_per_host=100_000, events_per_s=52_000, two_over_one=1.3,
+                       one_host={"hosts": 1, "events": 100_000, "events_per_s": 40_000},
+                       two_hosts={"hosts": 2, "events": 200_000, "events_per_s": 52_000}),
 }
 
 
@@ -246,8 +249,12 @@ def test_postgres_figures_sit_next_to_sqlites_with_their_ratio():
     assert "| single events, req/s | 3,600 | 1,800 | 0.50 |" in text
     assert "payments: error (RuntimeError: pg boom)" in text
     assert "COPY 90,000 rows/s, 3.0 us/row CPU in Python." in text
+    assert side["two hosts over one host's flush thread"]["postgres"] == 1.3
+    assert side["flush threads of two hosts at once, events/s"]["sqlite"] is None
+    assert "stored 52,000 events/s against one host's 40,000 (1.30 x;" in text
     table = results.text_table(doc)
     assert "raw PostgreSQL insert, events schema" in table and "executemany 10,000/s" in table
+    assert "one host alone 40,000/s; two over one 1.30" in table
     assert "PostgreSQL next to SQLite" in table
     without = results.assemble({"cores": 2, "cpu_model": "T"}, {"workers": 2}, SCENARIOS)
     assert "postgres" not in without and "PostgreSQL" not in results.markdown(without)
