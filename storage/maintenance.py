@@ -120,10 +120,15 @@ def _backup_postgres(db, partial: Path) -> tuple[int, str]:
             " (the server's major version or later) to back up a PostgreSQL database")
     if not db.exists():
         raise MaintenanceError(f"no database at {db.location}")
-    conn = db.conn()
-    schema_name = conn.execute(_CURRENT_SCHEMA).fetchone()[0]
-    tables = {row[0] for row in conn.execute(_SCHEMA_TABLES)}
-    version = db.schema_version()
+    from storage.postgres import schema_version
+
+    conn = connection_as_is(db)  # as it is: a later release's database is copied, not refused
+    try:
+        schema_name = conn.execute(_CURRENT_SCHEMA).fetchone()[0]
+        tables = {row[0] for row in conn.execute(_SCHEMA_TABLES)}
+        version = schema_version(conn)
+    finally:
+        conn.close()
     # The password goes through the environment, never on a command line others can read.
     parameters = conninfo_to_dict(db.url)
     environment = dict(os.environ)
