@@ -449,6 +449,12 @@ class PostgresConnection:
             self.stop_preparing()  # a PREPARE the server skipped after the error
             raise
 
+    def discard_plans(self) -> None:
+        """The server plans each of this connection's statements again at its next run,
+        for the tables as they are now (prepared statements keep their names), the
+        foreign keys' checks included."""
+        self.raw.execute("DISCARD PLANS", prepare=False)
+
     def set_lock_timeout(self, ms: int) -> None:
         self.raw.execute(f"SET lock_timeout = {int(ms)}")  # sql-safe: an int
         self.lock_wait_ms = int(ms)
