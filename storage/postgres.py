@@ -313,11 +313,9 @@ class PostgresConnection:
         statement = _compiled(sql)
         if self.budget is not None:
             self._within_budget()
-        cursor = self.raw.cursor()
+        cursor = psycopg.RawCursor(self.raw)
         try:
-            # Always with parameters, even none: psycopg then reads the %% the translation
-            # wrote as %.
-            cursor.execute(statement.text, statement.arguments(params) or ())
+            cursor.execute(statement.raw, statement.arguments(params) or ())
         except pg_errors.QueryCanceled as exc:
             raise self._canceled(exc) from exc
         return PostgresCursor(cursor, self.pipelined)
