@@ -512,23 +512,30 @@ SITE_WIDE_INDEXES = ("customers_user", "customers_visitor", "payments_paid", "pa
                      "subscription_observations_time", "subscriptions_customer")
 
 
+# ?1 the site, ?2 how many rows.
+_GROWN_ROWS = (
+    "INSERT INTO customers (site_id, customer_id, as_of_ms, created_at, updated_at)"
+    " SELECT ?1, 'cus_b' || g, 0, 0, 0 FROM generate_series(1, ?2) g",
+    "INSERT INTO payments (site_id, payment_id, customer_id, amount, currency, kind, status,"
+    " paid_at, paid_at_ms, created_at, updated_at) SELECT ?1, 'pay_b' || g, 'cus_b' || g, '10',"
+    " 'USD', 'charge', 'succeeded', '2026-01-31T09:30:00Z', 1769851800000, 0, 0"
+    " FROM generate_series(1, ?2) g",
+    "INSERT INTO subscription_observations (site_id, payment_id, subscription_id, customer_id,"
+    " effective_at_ms, currency, status, started_at, started_at_ms, received_at)"
+    " SELECT ?1, 'pay_b' || g, 'sub_b' || g, 'cus_b' || g, 1769851800000, 'USD', 'active',"
+    " '2026-01-31T09:30:00Z', 1769851800000, 0 FROM generate_series(1, ?2) g",
+    "INSERT INTO subscriptions (site_id, payment_id, subscription_id, customer_id,"
+    " effective_at_ms, currency, status, started_at, started_at_ms, updated_at)"
+    " SELECT ?1, 'pay_b' || g, 'sub_b' || g, 'cus_b' || g, 1769851800000, 'USD', 'active',"
+    " '2026-01-31T09:30:00Z', 1769851800000, 0 FROM generate_series(1, ?2) g",
+)
+
+
 def grow_payment_tables(db_path: str, site_id: int, count: int) -> None:
     """`count` more customers, payments, observations and subscriptions of the site, written
     by SQL of the test's own."""
-    rows_of = f"FROM generate_series(1, {int(count)}) g"  # sql-safe: ints
-    site = int(site_id)
-    execute(db_path, "INSERT INTO customers (site_id, customer_id, as_of_ms, created_at, updated_at)"
-                     f" SELECT {site}, 'cus_b' || g, 0, 0, 0 {rows_of}")
-    execute(db_path, "INSERT INTO payments (site_id, payment_id, customer_id, amount, currency,"
-                     " kind, status, paid_at, paid_at_ms, created_at, updated_at)"
-                     f" SELECT {site}, 'pay_b' || g, 'cus_b' || g, '10', 'USD', 'charge',"
-                     f" 'succeeded', '2026-01-31T09:30:00Z', 1769851800000, 0, 0 {rows_of}")
-    for table, last in (("subscription_observations", "received_at"),
-                        ("subscriptions", "updated_at")):
-        execute(db_path, f"INSERT INTO {table} (site_id, payment_id, subscription_id, customer_id,"
-                         f" effective_at_ms, currency, status, started_at, started_at_ms, {last})"
-                         f" SELECT {site}, 'pay_b' || g, 'sub_b' || g, 'cus_b' || g, 1769851800000,"
-                         f" 'USD', 'active', '2026-01-31T09:30:00Z', 1769851800000, 0 {rows_of}")
+    for sql in _GROWN_ROWS:
+        execute(db_path, sql, (site_id, count))
 
 
 def test_the_writer_plans_again_once_the_tables_grew(db_path, monkeypatch):
