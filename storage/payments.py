@@ -161,14 +161,15 @@ _PG_PAYMENT = (
 )
 _PG_PAYMENT_WITHOUT_SUBSCRIPTION = native("postgres", (
     f"WITH {_PG_PAYMENT}"  # noqa: S608 - fixed columns
-    " DELETE FROM subscriptions s USING previous"
-    " WHERE s.site_id = ?1 AND s.subscription_id = previous.subscription_id"
-    " AND NOT EXISTS (SELECT 1 FROM previous_latest)"))
+    " DELETE FROM subscriptions WHERE site_id = ?1"
+    " AND subscription_id = (SELECT subscription_id FROM previous)"
+    " AND EXISTS (SELECT FROM previous) AND NOT EXISTS (SELECT FROM previous_latest)"))
 _PG_PAYMENT_WITH_SUBSCRIPTION = native("postgres", (
     f"WITH {_PG_PAYMENT},"  # noqa: S608 - fixed columns
-    " previous_deleted AS (DELETE FROM subscriptions s USING previous"
-    "  WHERE s.site_id = ?1 AND s.subscription_id = previous.subscription_id"
-    "  AND NOT EXISTS (SELECT 1 FROM previous_latest) RETURNING 1),"
+    " previous_deleted AS (DELETE FROM subscriptions WHERE site_id = ?1"
+    "  AND subscription_id = (SELECT subscription_id FROM previous)"
+    "  AND EXISTS (SELECT FROM previous) AND NOT EXISTS (SELECT FROM previous_latest)"
+    "  RETURNING 1),"
     # After the old observation's DELETE (the unique key (site_id, payment_id)).
     f" new AS (INSERT INTO subscription_observations (site_id, {_STATE_COLUMNS}, received_at)"
     f"  SELECT ?1, {_marks(_PG_STATE_FIRST, len(SUBSCRIPTION_STATE))}, ?4"
@@ -317,6 +318,13 @@ class _Waiting:
 IDLE_CLOSE_S = 30.0
 # Runs of a group that a deadlock or serialization failure ended (a new transaction each).
 CONFLICT_ATTEMPTS = 3
+# On PostgreSQL the writer's statements are planned once, by the 6th run on a connection, and
+# the foreign keys' checks likewise; a plan made while the tables were nearly empty (and
+# without statistics: autovacuum off, or not yet run) may read a payment's or subscription's
+# rows through an index on site_id alone, every row of the site each time, and nothing but
+# ANALYZE plans it again. So the writer has its plans made again each time the payments
+# stored on its connection double from this many.
+REPLAN_FIRST = 32
 
 
 class GroupCommit:
@@ -337,6 +345,8 @@ class GroupCommit:
         self._conn_lock = threading.Lock()
         self.groups = 0  # transactions committed or failed, for tests and the bench
         self.connections = 0  # connections the writer made, for tests
+        self._stored = 0  # payments stored on the connection (PostgreSQL), for _replan
+        self._replan_at = REPLAN_FIRST
 
     def store(self, site_id: int, payment: Payment, now_ms: int) -> None:
         """Returns once the payment is on disk; raises StorageBusy / StorageError (only
@@ -386,6 +396,7 @@ class GroupCommit:
                 self._conn = self.db.connect(prepared=True)
                 self._conn_pid = os.getpid()
                 self.connections += 1
+                self._stored, self._replan_at = 0, REPLAN_FIRST
             return self._conn
 
     def _close_connection(self, conn=None) -> None:
@@ -491,11 +502,15 @@ class GroupCommit:
 
         # Grows the group in place: _run answers and _store fails every payment in it.
         if dialect(conn) == "postgres":
+            if self._stored >= self._replan_at:
+                conn.discard_plans()
+                self._replan_at = 2 * self._stored
             sites = frozenset(waiting.site_id for waiting in group)
             failures = self.db.grouped_transaction(
                 conn, group, write, sites=sorted(sites), more=self._more(group, sites),
                 lock_items=lambda items: lock_payments(
                     conn, [(waiting.site_id, waiting.payment) for waiting in items]))
+            self._stored += len(group)
         else:
             failures = self.db.grouped_transaction(conn, group, write, more=self._more(group))
         for waiting, failure in zip(group, failures, strict=True):

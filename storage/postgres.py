@@ -314,11 +314,9 @@ class PostgresConnection:
         statement = _compiled(sql)
         if self.budget is not None:
             self._within_budget()
-        cursor = self.raw.cursor()
+        cursor = psycopg.RawCursor(self.raw)
         try:
-            # Always with parameters, even none: psycopg then reads the %% the translation
-            # wrote as %.
-            cursor.execute(statement.text, statement.arguments(params) or ())
+            cursor.execute(statement.raw, statement.arguments(params) or ())
         except pg_errors.QueryCanceled as exc:
             raise self._canceled(exc) from exc
         return PostgresCursor(cursor, self.pipelined)
@@ -449,6 +447,12 @@ class PostgresConnection:
         except BaseException:
             self.stop_preparing()  # a PREPARE the server skipped after the error
             raise
+
+    def discard_plans(self) -> None:
+        """The server plans each of this connection's statements again at its next run,
+        for the tables as they are now (prepared statements keep their names), the
+        foreign keys' checks included."""
+        self.raw.execute("DISCARD PLANS", prepare=False)
 
     def set_lock_timeout(self, ms: int) -> None:
         self.raw.execute(f"SET lock_timeout = {int(ms)}")  # sql-safe: an int

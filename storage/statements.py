@@ -121,12 +121,17 @@ _SQLITE_TYPES = {"INTEGER": "BIGINT", "TEXT": "TEXT", "REAL": "DOUBLE PRECISION"
 
 
 class Compiled(NamedTuple):
-    """A statement's PostgreSQL spelling and how its parameters map onto it."""
+    """A statement's PostgreSQL spelling and how its parameters map onto it: `text` with
+    psycopg's %s placeholders, `raw` the same with PostgreSQL's own $1, $2, ... in their
+    place (the same values), which psycopg sends as it is: it splits a text at its
+    placeholders at each run where it is past the length or count it caches (the payment
+    statement, about 7,000 characters)."""
 
     text: str
     order: tuple[int, ...] | None  # the parameter each placeholder takes, None: in turn
     lists: frozenset[int]  # placeholders whose JSON-array text becomes a list
     null_tests: frozenset[int]  # placeholders that take whether their value is None
+    raw: str = ""
 
     def arguments(self, params):
         if not params:
@@ -371,6 +376,7 @@ class _Compiler:
                     self.blank(n + 1, null)
                     self.out[self.sig[n + 1]] = f"= {0 if negated else 1})"
                     self.out[i] = "(" + self.out[i]
+        raw = list(self.out)
         for i, token in enumerate(self.tokens):
             if token.kind == "param" and i in sig:
                 number = token.text[1:]
@@ -381,6 +387,7 @@ class _Compiler:
                     lists.add(len(order) - 1)
                 elif mark == "isnull":
                     null_tests.add(len(order) - 1)
+                raw[i] = raw[i].replace(token.text, f"${len(order)}")
                 self.out[i] = self.out[i].replace(token.text, "%s")
             else:
                 # psycopg reads % inside literals and comments too
@@ -389,7 +396,7 @@ class _Compiler:
             self.refuse("? and ?N placeholders mixed")
         numbered = True in styles
         return Compiled("".join(self.out), tuple(order) if numbered else None,
-                        frozenset(lists), frozenset(null_tests))
+                        frozenset(lists), frozenset(null_tests), "".join(raw))
 
 
 def parameter_count(sql: str) -> int:

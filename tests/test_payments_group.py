@@ -504,3 +504,79 @@ def test_a_payment_refused_again_and_again_never_fails_the_next_one(store, db_pa
         assert all(find_payment(conn, 1, p) is not None for p in stored)
         assert find_payment(conn, 1, BAD) is None
     app.stop(timeout=5)
+
+
+# Indexes whose only key a payment's lookups share is site_id: reading a payment's rows
+# through one reads every row of the site.
+SITE_WIDE_INDEXES = ("customers_user", "customers_visitor", "payments_paid", "payments_customer",
+                     "subscription_observations_time", "subscriptions_customer")
+
+
+# ?1 the site, ?2 how many rows.
+_GROWN_ROWS = (
+    "INSERT INTO customers (site_id, customer_id, as_of_ms, created_at, updated_at)"
+    " SELECT ?1, 'cus_b' || g, 0, 0, 0 FROM generate_series(1, ?2) g",
+    "INSERT INTO payments (site_id, payment_id, customer_id, amount, currency, kind, status,"
+    " paid_at, paid_at_ms, created_at, updated_at) SELECT ?1, 'pay_b' || g, 'cus_b' || g, '10',"
+    " 'USD', 'charge', 'succeeded', '2026-01-31T09:30:00Z', 1769851800000, 0, 0"
+    " FROM generate_series(1, ?2) g",
+    "INSERT INTO subscription_observations (site_id, payment_id, subscription_id, customer_id,"
+    " effective_at_ms, currency, status, started_at, started_at_ms, received_at)"
+    " SELECT ?1, 'pay_b' || g, 'sub_b' || g, 'cus_b' || g, 1769851800000, 'USD', 'active',"
+    " '2026-01-31T09:30:00Z', 1769851800000, 0 FROM generate_series(1, ?2) g",
+    "INSERT INTO subscriptions (site_id, payment_id, subscription_id, customer_id,"
+    " effective_at_ms, currency, status, started_at, started_at_ms, updated_at)"
+    " SELECT ?1, 'pay_b' || g, 'sub_b' || g, 'cus_b' || g, 1769851800000, 'USD', 'active',"
+    " '2026-01-31T09:30:00Z', 1769851800000, 0 FROM generate_series(1, ?2) g",
+)
+
+
+def grow_payment_tables(db_path: str, site_id: int, count: int) -> None:
+    """`count` more customers, payments, observations and subscriptions of the site, written
+    by SQL of the test's own."""
+    for sql in _GROWN_ROWS:
+        execute(db_path, sql, (site_id, count))
+
+
+def test_the_writer_plans_again_once_the_tables_grew(db_path, monkeypatch):
+    """The writer's statements and the foreign keys' checks on its connection are planned
+    by their first runs, here on empty tables without statistics (as on a server without
+    autovacuum), where an index on site_id alone looks as good as a row's key. Once the
+    payments the writer stored have doubled past REPLAN_FIRST it plans again, on the tables
+    as they are: thousands of rows, so a payment (a resent one, a new one on a known
+    customer and subscription) reads its rows by their keys, none through such an index."""
+    if not is_postgres(db_path):
+        pytest.skip("SQLite plans each statement when it is prepared, on the data it holds")
+    monkeypatch.setattr(payments_module, "REPLAN_FIRST", 16)
+    app = create_app(config_for(db_path))
+    account = app.directory.create_account("Plans", "scale")
+    site_id = app.directory.find_site(
+        app.directory.create_site(account["id"], ["plans.test"])["id"]).id
+
+    def pay(n: int):
+        return validate_payment({
+            "payment_id": f"pay_{n}", "customer": {"id": f"cus_{n % 5}"}, "amount": 10,
+            "currency": "USD", "kind": "charge", "paid_at": "2026-01-31T09:30:00Z",
+            "metadata": {"n": str(n)}, "subscription": {"id": f"sub_{n % 4}", "status": "active"}})
+
+    def site_wide_scans() -> int:
+        # The writer's backend reports its counts when it next goes idle (now, forced).
+        app.payments.group._conn.raw.execute("SELECT pg_stat_force_next_flush()")
+        return sum(row["idx_scan"] for row in rows(
+            db_path, "SELECT indexrelname, idx_scan FROM pg_stat_user_indexes"
+                     " WHERE schemaname = current_schema()")
+                   if row["indexrelname"] in SITE_WIDE_INDEXES)
+
+    try:
+        for n in range(12):
+            app.payments.upsert(site_id, pay(n))
+        grow_payment_tables(db_path, site_id, 3000)
+        for n in range(12, 24):
+            app.payments.upsert(site_id, pay(n))
+        before = site_wide_scans()
+        for n in (*range(10), *range(24, 34)):
+            app.payments.upsert(site_id, pay(n))
+        assert site_wide_scans() == before
+        assert rows(db_path, "SELECT count(*) AS n FROM payments")[0]["n"] == 3034
+    finally:
+        app.stop(timeout=5)
