@@ -38,6 +38,14 @@ from storage.db import (
 
 log = logging.getLogger("tally")
 
+# On PostgreSQL the flush's statements (and its triggers' and foreign keys' checks) are
+# planned once on its connection, by their first runs; plans made while the tables were
+# nearly empty, with no statistics (autovacuum off, or not yet run), may join a site's
+# customers to a batch's visitors on site_id alone, every customer once for each visitor,
+# and nothing but ANALYZE plans them again. So the flush has its plans made again each
+# time the events stored on its connection double from this many.
+REPLAN_FIRST = 1_000
+
 # Forks of this process so far, as a child sees them: a Flusher started before the last
 # fork has no thread in this process. Comparing it costs a request far less than
 # os.getpid(), a system call.
@@ -79,6 +87,8 @@ class Flusher:
         self.set_aside_events = 0  # stored in dead_letters instead of events
         self.clock = clock
         self._conn: Connection | None = None
+        self._stored = 0  # events stored on the connection (PostgreSQL), for the re-plans
+        self._replan_at = REPLAN_FIRST
         self._thread: threading.Thread | None = None
         # On SQLite at most a quarter of the queue a transaction: the write lock is held
         # for one such part at a time, so the other workers' flushes and payments wait
@@ -255,6 +265,9 @@ class Flusher:
         # The collector waits from enrich to the commit: the batch's and the plan's objects
         # are young until then, and a pass between two steps would traverse them all (on
         # PostgreSQL such passes cost the flush thread about 0.5 us an event).
+        if self.db.dialect == "postgres" and self._stored >= self._replan_at:
+            conn.discard_plans()
+            self._replan_at = 2 * self._stored
         with collector_paused():
             batch = enrich(self.enricher, conn, units)
             sites = {unit.site_id for unit in units}
@@ -265,6 +278,7 @@ class Flusher:
                 self._commit(conn, batch, sites)
             else:
                 self._commit(conn, batch, sites, prepare(conn, batch))
+        self._stored += len(batch.rows)
         return len(batch.rows)
 
     def _set_aside(self, conn: Connection, units: list[Accepted], reason: str) -> None:
@@ -312,6 +326,7 @@ class Flusher:
             self._drop_connection()
         if self._conn is None or getattr(self._conn, "closed", False):
             self._conn = self.db.connect(busy_timeout_ms=self.busy_timeout_ms, prepared=True)
+            self._stored, self._replan_at = 0, REPLAN_FIRST
         return self._conn
 
     def _drop_connection(self) -> None:

@@ -10,6 +10,7 @@ import weakref
 import orjson
 import pytest
 
+import ingest.flusher as flusher_module
 from app import create_app
 from enrichment.enricher import Enricher
 from ingest.flusher import Flusher
@@ -23,6 +24,7 @@ from tests.conftest import (
     bearer,
     config_for,
     counting_bytes,
+    execute,
     http,
     is_postgres,
     provision,
@@ -277,6 +279,49 @@ def test_a_flush_that_fails_part_way_is_stored_whole_on_its_retry(store, db_path
     assert count(db_path) == 11
     assert count(db_path, "SELECT count(*) FROM visitor_identities") == 3
     assert count(db_path, "SELECT events FROM monthly_usage") == 8
+
+
+def test_the_flush_plans_again_once_the_tables_grew(store, db_path, monkeypatch):
+    """The flush's statements are planned by their first runs on its connection, here while
+    customers is empty and without statistics (as on a server without autovacuum), where
+    joining a site's customers to a batch's visitors on site_id alone looks cheap. Once
+    the events the flush stored have doubled past REPLAN_FIRST it plans again, on the
+    tables as they are: 3,000 customers, and a batch's new visitors are looked up by
+    their own keys, not each against every customer of the site."""
+    if store.dialect != "postgres":
+        pytest.skip("SQLite plans each statement when it is prepared, on the data it holds")
+    monkeypatch.setattr(flusher_module, "REPLAN_FIRST", 4)
+    flusher = make_flusher(store)
+    visitors = iter(range(2, 250))
+
+    def flush_new_visitors():
+        for _ in range(2):
+            visitor = next(visitors)
+            assert flusher.submit(visit(0, visitor=visitor))
+            assert flusher.submit(visit(0, visitor=visitor, name="$identify", uid=f"u-{visitor}"))
+        assert flusher.flush_now(timeout=WAIT)
+
+    def identity_key_scans() -> int:
+        # The flush's backend reports its counts when it next goes idle (now, forced).
+        flusher._conn.raw.execute("SELECT pg_stat_force_next_flush()")
+        return rows(db_path, "SELECT idx_scan FROM pg_stat_user_indexes"
+                             " WHERE schemaname = current_schema()"
+                             " AND indexrelname = 'visitor_identities_pkey'")[0]["idx_scan"]
+
+    try:
+        for _ in range(8):  # 16 events: plans made on empty tables, the next re-plan due
+            flush_new_visitors()
+        execute(db_path, "INSERT INTO customers (site_id, customer_id, user_id, visitor_id,"
+                         " as_of_ms, created_at, updated_at) SELECT 1, 'cus_' || g, 'user_' || g,"
+                         " 'v' || g, 0, 0, 0 FROM generate_series(1, 3000) AS g")
+        flush_new_visitors()
+        before = identity_key_scans()
+        for _ in range(6):  # past the server's five custom plans: its generic plan is used
+            flush_new_visitors()
+        assert identity_key_scans() - before < 3000
+    finally:
+        flusher.stop(timeout=5)
+    assert count(db_path) == 60
 
 
 def test_the_flush_prepares_nothing_when_prepared_statements_are_off(store, db_path):
