@@ -35,15 +35,17 @@ from storage.db import (
     is_disk_full,
     is_transient_failure,
 )
+from storage.sessions import FLUSH_READS
 
 log = logging.getLogger("tally")
 
 # On PostgreSQL the flush's statements (and its triggers' and foreign keys' checks) are
-# planned once on its connection, by their first runs; plans made while the tables were
-# nearly empty, with no statistics (autovacuum off, or not yet run), may join a site's
-# customers to a batch's visitors on site_id alone, every customer once for each visitor,
-# and nothing but ANALYZE plans them again. So the flush has its plans made again each
-# time the events stored on its connection double from this many.
+# planned once on its connection, by their first runs. Without statistics (autovacuum off,
+# or not yet run on tables that grew from empty) the planner takes site_id for a row's key:
+# its plans joined a site's customers to a batch's visitors on site_id alone, every
+# customer once for each visitor, and planning again on larger tables did not always
+# help. So the flush has the tables it reads analyzed (and its plans made again) each time
+# the events stored on its connection double from this many.
 REPLAN_FIRST = 1_000
 
 # Forks of this process so far, as a child sees them: a Flusher started before the last
@@ -266,7 +268,7 @@ class Flusher:
         # are young until then, and a pass between two steps would traverse them all (on
         # PostgreSQL such passes cost the flush thread about 0.5 us an event).
         if self.db.dialect == "postgres" and self._stored >= self._replan_at:
-            conn.discard_plans()
+            conn.analyze(FLUSH_READS)
             self._replan_at = 2 * self._stored
         with collector_paused():
             batch = enrich(self.enricher, conn, units)
