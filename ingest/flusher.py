@@ -268,8 +268,11 @@ class Flusher:
         # are young until then, and a pass between two steps would traverse them all (on
         # PostgreSQL such passes cost the flush thread about 0.5 us an event).
         if self.db.dialect == "postgres" and self._stored >= self._replan_at:
-            conn.analyze(FLUSH_READS)
             self._replan_at = 2 * self._stored
+            try:
+                conn.analyze(FLUSH_READS)
+            except Exception as exc:  # noqa: BLE001 - statistics never hold up a batch
+                log.warning("flush: analyzing its tables failed (%s: %s)", type(exc).__name__, exc)
         with collector_paused():
             batch = enrich(self.enricher, conn, units)
             sites = {unit.site_id for unit in units}

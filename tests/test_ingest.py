@@ -333,6 +333,29 @@ def test_the_flush_has_its_tables_analyzed_and_plans_again_as_they_grow(
     assert count(db_path) == 60
 
 
+def test_a_failed_analyze_never_holds_up_the_flush(store, db_path, monkeypatch):
+    """Statistics only help the plans: an ANALYZE the server cancels (a statement_timeout
+    of the role, say) is logged, and the batch is stored as it would have been."""
+    if store.dialect != "postgres":
+        pytest.skip("the flush analyzes only on PostgreSQL")
+    import psycopg
+
+    from storage.postgres import PostgresConnection
+
+    def cancelled(conn, tables):
+        raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(flusher_module, "REPLAN_FIRST", 1)
+    monkeypatch.setattr(PostgresConnection, "analyze", cancelled)
+    flusher = make_flusher(store)
+    for minute in range(3):
+        assert flusher.submit(visit(minute))
+        assert flusher.flush_now(timeout=WAIT)
+    flusher.stop(timeout=5)
+    assert flusher.failures == 0 and flusher.set_aside_events == 0
+    assert count(db_path) == 3
+
+
 def test_the_flush_prepares_nothing_when_prepared_statements_are_off(store, db_path):
     if store.dialect != "postgres":
         pytest.skip("sqlite3 keeps every connection's statements prepared")
