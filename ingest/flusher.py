@@ -35,8 +35,18 @@ from storage.db import (
     is_disk_full,
     is_transient_failure,
 )
+from storage.sessions import FLUSH_READS
 
 log = logging.getLogger("tally")
+
+# On PostgreSQL the flush's statements (and its triggers' and foreign keys' checks) are
+# planned once on its connection, by their first runs. Without statistics (autovacuum off,
+# or not yet run on tables that grew from empty) the planner takes site_id for a row's key:
+# its plans joined a site's customers to a batch's visitors on site_id alone, every
+# customer once for each visitor, and planning again on larger tables did not always
+# help. So the flush has the tables it reads analyzed (and its plans made again) each time
+# the events stored on its connection double from this many.
+REPLAN_FIRST = 1_000
 
 # Forks of this process so far, as a child sees them: a Flusher started before the last
 # fork has no thread in this process. Comparing it costs a request far less than
@@ -79,6 +89,8 @@ class Flusher:
         self.set_aside_events = 0  # stored in dead_letters instead of events
         self.clock = clock
         self._conn: Connection | None = None
+        self._stored = 0  # events stored on the connection (PostgreSQL), for the re-plans
+        self._replan_at = REPLAN_FIRST
         self._thread: threading.Thread | None = None
         # On SQLite at most a quarter of the queue a transaction: the write lock is held
         # for one such part at a time, so the other workers' flushes and payments wait
@@ -255,6 +267,12 @@ class Flusher:
         # The collector waits from enrich to the commit: the batch's and the plan's objects
         # are young until then, and a pass between two steps would traverse them all (on
         # PostgreSQL such passes cost the flush thread about 0.5 us an event).
+        if self.db.dialect == "postgres" and self._stored >= self._replan_at:
+            self._replan_at = 2 * self._stored
+            try:
+                conn.analyze(FLUSH_READS)
+            except Exception as exc:  # noqa: BLE001 - statistics never hold up a batch
+                log.warning("flush: analyzing its tables failed (%s: %s)", type(exc).__name__, exc)
         with collector_paused():
             batch = enrich(self.enricher, conn, units)
             sites = {unit.site_id for unit in units}
@@ -265,6 +283,7 @@ class Flusher:
                 self._commit(conn, batch, sites)
             else:
                 self._commit(conn, batch, sites, prepare(conn, batch))
+        self._stored += len(batch.rows)
         return len(batch.rows)
 
     def _set_aside(self, conn: Connection, units: list[Accepted], reason: str) -> None:
@@ -312,6 +331,7 @@ class Flusher:
             self._drop_connection()
         if self._conn is None or getattr(self._conn, "closed", False):
             self._conn = self.db.connect(busy_timeout_ms=self.busy_timeout_ms, prepared=True)
+            self._stored, self._replan_at = 0, REPLAN_FIRST
         return self._conn
 
     def _drop_connection(self) -> None:

@@ -448,6 +448,14 @@ class PostgresConnection:
             self.stop_preparing()  # a PREPARE the server skipped after the error
             raise
 
+    def analyze(self, tables: Sequence[str]) -> None:
+        """Samples these tables' statistics now (a table another session is analyzing is
+        skipped, not waited for); the server then plans every connection's statements and
+        triggers on them again, and this connection's others too (discard_plans)."""
+        self.raw.execute(f"ANALYZE (SKIP_LOCKED) {', '.join(tables)}",  # sql-safe: the caller's table names
+                         prepare=False)
+        self.discard_plans()
+
     def discard_plans(self) -> None:
         """The server plans each of this connection's statements again at its next run,
         for the tables as they are now (prepared statements keep their names), the

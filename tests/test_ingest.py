@@ -10,6 +10,7 @@ import weakref
 import orjson
 import pytest
 
+import ingest.flusher as flusher_module
 from app import create_app
 from enrichment.enricher import Enricher
 from ingest.flusher import Flusher
@@ -23,6 +24,7 @@ from tests.conftest import (
     bearer,
     config_for,
     counting_bytes,
+    execute,
     http,
     is_postgres,
     provision,
@@ -277,6 +279,81 @@ def test_a_flush_that_fails_part_way_is_stored_whole_on_its_retry(store, db_path
     assert count(db_path) == 11
     assert count(db_path, "SELECT count(*) FROM visitor_identities") == 3
     assert count(db_path, "SELECT events FROM monthly_usage") == 8
+
+
+def test_the_flush_has_its_tables_analyzed_and_plans_again_as_they_grow(
+        store, db_path, monkeypatch):
+    """The flush's statements and triggers are planned by their first runs on its
+    connection, here while customers is empty and without statistics (as on a server
+    without autovacuum), where site_id looks like a row's key: a plan may join the site's
+    customers to a batch's visitors, or look an identity's customers up, on site_id alone.
+    Once the events the flush stored have doubled past REPLAN_FIRST it has the tables it
+    reads analyzed, and with 3,000 customers a batch's visitors and identities are looked
+    up by their own keys, not against every customer of the site."""
+    if store.dialect != "postgres":
+        pytest.skip("SQLite plans each statement when it is prepared, on the data it holds")
+    monkeypatch.setattr(flusher_module, "REPLAN_FIRST", 4)
+    flusher = make_flusher(store)
+    visitors = iter(range(2, 250))
+
+    def flush_new_visitors():
+        for _ in range(2):
+            visitor = next(visitors)
+            assert flusher.submit(visit(0, visitor=visitor))
+            assert flusher.submit(visit(0, visitor=visitor, name="$identify", uid=f"u-{visitor}"))
+        assert flusher.flush_now(timeout=WAIT)
+
+    def site_wide_reads() -> int:
+        # The flush's backend reports its counts when it next goes idle (now, forced).
+        flusher._conn.raw.execute("SELECT pg_stat_force_next_flush()")
+        counts = {row["indexrelname"]: row for row in rows(
+            db_path, "SELECT indexrelname, idx_scan, idx_tup_read FROM pg_stat_user_indexes"
+                     " WHERE schemaname = current_schema()")}
+        # An identity probed for each customer, and customers read through an index.
+        return (counts["visitor_identities_pkey"]["idx_scan"]
+                + counts["customers_user"]["idx_tup_read"]
+                + counts["customers_visitor"]["idx_tup_read"])
+
+    try:
+        for _ in range(8):  # 32 events: plans made on empty tables, the next re-plan due
+            flush_new_visitors()
+        execute(db_path, "INSERT INTO customers (site_id, customer_id, user_id, visitor_id,"
+                         " as_of_ms, created_at, updated_at) SELECT 1, 'cus_' || g, 'user_' || g,"
+                         " 'v' || g, 0, 0, 0 FROM generate_series(1, 3000) AS g")
+        flush_new_visitors()
+        before = site_wide_reads()
+        for _ in range(6):
+            flush_new_visitors()
+        assert site_wide_reads() - before < 3000
+        assert rows(db_path, "SELECT last_analyze FROM pg_stat_user_tables"
+                             " WHERE schemaname = current_schema()"
+                             " AND relname = 'customers'")[0]["last_analyze"] is not None
+    finally:
+        flusher.stop(timeout=5)
+    assert count(db_path) == 60
+
+
+def test_a_failed_analyze_never_holds_up_the_flush(store, db_path, monkeypatch):
+    """Statistics only help the plans: an ANALYZE the server cancels (a statement_timeout
+    of the role, say) is logged, and the batch is stored as it would have been."""
+    if store.dialect != "postgres":
+        pytest.skip("the flush analyzes only on PostgreSQL")
+    import psycopg
+
+    from storage.postgres import PostgresConnection
+
+    def cancelled(conn, tables):
+        raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(flusher_module, "REPLAN_FIRST", 1)
+    monkeypatch.setattr(PostgresConnection, "analyze", cancelled)
+    flusher = make_flusher(store)
+    for minute in range(3):
+        assert flusher.submit(visit(minute))
+        assert flusher.flush_now(timeout=WAIT)
+    flusher.stop(timeout=5)
+    assert flusher.failures == 0 and flusher.set_aside_events == 0
+    assert count(db_path) == 3
 
 
 def test_the_flush_prepares_nothing_when_prepared_statements_are_off(store, db_path):
