@@ -35,6 +35,7 @@ from storage.db import (
     is_disk_full,
     is_transient_failure,
 )
+from storage.replan import ReplanSchedule
 from storage.sessions import FLUSH_READS
 
 log = logging.getLogger("tally")
@@ -89,8 +90,7 @@ class Flusher:
         self.set_aside_events = 0  # stored in dead_letters instead of events
         self.clock = clock
         self._conn: Connection | None = None
-        self._stored = 0  # events stored on the connection (PostgreSQL), for the re-plans
-        self._replan_at = REPLAN_FIRST
+        self._replans = ReplanSchedule(REPLAN_FIRST)  # events stored on the connection
         self._thread: threading.Thread | None = None
         # On SQLite at most a quarter of the queue a transaction: the write lock is held
         # for one such part at a time, so the other workers' flushes and payments wait
@@ -264,15 +264,14 @@ class Flusher:
                       " (tally deadletter list)", stored, set_aside)
 
     def _write(self, conn: Connection, units: list[Accepted]) -> int:
-        # The collector waits from enrich to the commit: the batch's and the plan's objects
-        # are young until then, and a pass between two steps would traverse them all (on
-        # PostgreSQL such passes cost the flush thread about 0.5 us an event).
-        if self.db.dialect == "postgres" and self._stored >= self._replan_at:
-            self._replan_at = 2 * self._stored
+        if self.db.dialect == "postgres" and self._replans.due():
             try:
                 conn.analyze(FLUSH_READS)
             except Exception as exc:  # noqa: BLE001 - statistics never hold up a batch
                 log.warning("flush: analyzing its tables failed (%s: %s)", type(exc).__name__, exc)
+        # The collector waits from enrich to the commit: the batch's and the plan's objects
+        # are young until then, and a pass between two steps would traverse them all (on
+        # PostgreSQL such passes cost the flush thread about 0.5 us an event).
         with collector_paused():
             batch = enrich(self.enricher, conn, units)
             sites = {unit.site_id for unit in units}
@@ -283,7 +282,7 @@ class Flusher:
                 self._commit(conn, batch, sites)
             else:
                 self._commit(conn, batch, sites, prepare(conn, batch))
-        self._stored += len(batch.rows)
+        self._replans.add(len(batch.rows))
         return len(batch.rows)
 
     def _set_aside(self, conn: Connection, units: list[Accepted], reason: str) -> None:
@@ -331,7 +330,7 @@ class Flusher:
             self._drop_connection()
         if self._conn is None or getattr(self._conn, "closed", False):
             self._conn = self.db.connect(busy_timeout_ms=self.busy_timeout_ms, prepared=True)
-            self._stored, self._replan_at = 0, REPLAN_FIRST
+            self._replans.restart(REPLAN_FIRST)
         return self._conn
 
     def _drop_connection(self) -> None:

@@ -39,6 +39,7 @@ import orjson
 from storage.browser_ids import browser_id_key, browser_visitor_id, is_browser_id
 from storage.db import Database, StorageBusy, StorageError, is_transient
 from storage.dialect import dialect
+from storage.replan import ReplanSchedule
 from storage.statements import native, statement
 from validation.common import decimal_text
 from validation.payment import Customer, Instant, Payment, Subscription
@@ -345,8 +346,7 @@ class GroupCommit:
         self._conn_lock = threading.Lock()
         self.groups = 0  # transactions committed or failed, for tests and the bench
         self.connections = 0  # connections the writer made, for tests
-        self._stored = 0  # payments stored on the connection (PostgreSQL), for _replan
-        self._replan_at = REPLAN_FIRST
+        self._replans = ReplanSchedule(REPLAN_FIRST)  # payments stored on the connection
 
     def store(self, site_id: int, payment: Payment, now_ms: int) -> None:
         """Returns once the payment is on disk; raises StorageBusy / StorageError (only
@@ -396,7 +396,7 @@ class GroupCommit:
                 self._conn = self.db.connect(prepared=True)
                 self._conn_pid = os.getpid()
                 self.connections += 1
-                self._stored, self._replan_at = 0, REPLAN_FIRST
+                self._replans.restart(REPLAN_FIRST)
             return self._conn
 
     def _close_connection(self, conn=None) -> None:
@@ -502,15 +502,14 @@ class GroupCommit:
 
         # Grows the group in place: _run answers and _store fails every payment in it.
         if dialect(conn) == "postgres":
-            if self._stored >= self._replan_at:
+            if self._replans.due():
                 conn.discard_plans()
-                self._replan_at = 2 * self._stored
             sites = frozenset(waiting.site_id for waiting in group)
             failures = self.db.grouped_transaction(
                 conn, group, write, sites=sorted(sites), more=self._more(group, sites),
                 lock_items=lambda items: lock_payments(
                     conn, [(waiting.site_id, waiting.payment) for waiting in items]))
-            self._stored += len(group)
+            self._replans.add(len(group))
         else:
             failures = self.db.grouped_transaction(conn, group, write, more=self._more(group))
         for waiting, failure in zip(group, failures, strict=True):

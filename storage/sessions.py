@@ -283,13 +283,14 @@ _INSERT_SESSION_VISITORS = native(
                 " ON CONFLICT DO NOTHING")
 
 
-# A new session's own visitor id links it to that visitor's customers (customers.visitor_id,
-# or an identity link's uid): their first touches are recomputed, once for a batch's new
-# sessions. session_visitors' trigger does the same for the other ids.
 # The tables the flush's statements and their triggers read by key (PostgreSQL): the flush
 # has them analyzed as they grow (ingest/flusher.py REPLAN_FIRST).
 FLUSH_READS = ("sessions", "session_visitors", "visitor_identities", "customers",
                "customer_first_touch")
+
+# A new session's own visitor id links it to that visitor's customers (customers.visitor_id,
+# or an identity link's uid): their first touches are recomputed, once for a batch's new
+# sessions. session_visitors' trigger does the same for the other ids.
 _REFRESH_NEW = native(
     "sqlite", "INSERT INTO first_touch_refresh (site_id, customer_id)"
               " SELECT c.site_id, c.customer_id FROM json_each(?2) AS w CROSS JOIN customers c"
