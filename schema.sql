@@ -156,8 +156,10 @@ CREATE INDEX IF NOT EXISTS subscriptions_customer ON subscriptions (site_id, cus
 
 -- Events (issue 4) ---------------------------------------------------------
 -- One row per stored event, written only by the flush threads (storage/events.py).
--- visitor_id: signed 64-bit keyed hash of (daily salt, site, ip, ua); NULL without ip
--- or ua. The raw IP is never stored. session_id is filled by the attribution step of
+-- visitor_id: signed 64-bit, (daily salt, site, ip, ua) under a keyed hash: since version
+-- 25 bit 63 clear, bits 48..62 the day (1 + day % 32767), bits 0..47 the hash, so the
+-- index on it takes a day's new visitors in one range (enrichment/visitor.py); NULL
+-- without ip or ua. The raw IP is never stored. session_id is filled by the attribution step of
 -- the flush (issue 6). One index: reports read a site's events over a time range.
 -- anonymous: 1 for an event of the public POST /api/v1/collect, whose `$identify` counts
 -- toward the monthly quota too; NULL for one sent with a key (version 16 added it).
@@ -197,11 +199,14 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_site_ts ON events (site_id, ts);
 
 -- The secret salt of each UTC day (days since 1970-01-01), shared by every worker;
--- rows of days before yesterday are deleted (enrichment/visitor.py).
+-- rows of days before yesterday are deleted (enrichment/visitor.py). dated: 1 when the
+-- day's visitor ids carry the day in their high bits (every salt made since version 25);
+-- 0 for a salt an older release made, whose day keeps the plain 64-bit hash.
 CREATE TABLE IF NOT EXISTS visitor_salts (
     day         INTEGER PRIMARY KEY,
     salt        BLOB    NOT NULL CHECK (length(salt) = 32),
-    created_at  INTEGER NOT NULL
+    created_at  INTEGER NOT NULL,
+    dated       INTEGER NOT NULL DEFAULT 0 CHECK (dated IN (0, 1))
 );
 
 -- Monthly usage (issue 5) --------------------------------------------------
@@ -691,4 +696,4 @@ CREATE TABLE IF NOT EXISTS funnels (
     UNIQUE (site_id, name)
 );
 
-PRAGMA user_version = 24;
+PRAGMA user_version = 25;

@@ -18,7 +18,7 @@ import iptocc
 from enrichment.agents import AgentParser, warm_up
 from enrichment.memo import Memo
 from enrichment.urls import campaign, pathname, url_host
-from enrichment.visitor import VisitorSalts, hashed_visitor_id, visitor_hasher
+from enrichment.visitor import VisitorSalts, hashed_visitor_id, salt_hasher
 from storage.connection import Connection
 from storage.db import Database
 from storage.events import EventRow, new_event_row
@@ -106,7 +106,7 @@ class Enricher:
         if hasher is None:
             if len(self._hashers) >= self._cache_entries:
                 self._hashers.clear()
-            hasher = visitor_hasher(self.salts.salt(conn, day), site_id)
+            hasher = salt_hasher(self.salts.salt(conn, day), day, site_id)
             self._hashers[(day, site_id)] = hasher
         return hasher
 
@@ -178,7 +178,7 @@ def previous_visitor_ids(conn: Connection, batch: EventBatch) -> list[int | None
         if hasher is False:
             salt = salts.get(day)
             hasher = hashers[(day, site_id)] = (None if salt is None
-                                                else visitor_hasher(salt, site_id))
+                                                else salt_hasher(salt, day, site_id))
         if hasher is not None:
             previous[index] = hashed_visitor_id(hasher, event.ip_packed, event.ua)
     return previous

@@ -10,7 +10,7 @@ creates the new ones, and the rows are copied over. Versions 14 and 15 move tabl
 same way; versions 16 and 19 add columns (below). Version 20 only adds a table (funnels),
 which schema.sql makes in an older file as in a new one: no step here
 (tests/test_funnels.py upgrades a version-16 database on both engines). SQLite goes from
-21 to 24, past PostgreSQL's own 22 and 23.
+21 to 24, past PostgreSQL's own 22 and 23; version 25 adds visitor_salts.dated on both.
 """
 
 from __future__ import annotations
@@ -66,7 +66,16 @@ _LINKS_OF_24 = ("DELETE FROM session_visitors WHERE EXISTS (SELECT 1 FROM sessio
                 " AND s.site_id = session_visitors.site_id)")
 
 
+# Version 25: visitor_salts.dated; the salts already made stay undated (0), so the rest of
+# their day keeps the ids it began with. Both engines.
+_DATED_ADDED_IN_25 = ("ALTER TABLE visitor_salts ADD COLUMN dated INTEGER NOT NULL DEFAULT 0"
+                      " CHECK (dated IN (0, 1))")
+
+
 def before_script(conn: sqlite3.Connection, version: int) -> None:
+    if 0 < version < 25 and _exists(conn, "visitor_salts") \
+            and not _has_column(conn, "visitor_salts", "dated"):
+        conn.execute(_DATED_ADDED_IN_25)
     if 0 < version < 19 and _exists(conn, "user_accounts") \
             and not _has_column(conn, "user_accounts", "role"):
         conn.execute(_ROLE_ADDED_IN_19)
@@ -184,6 +193,8 @@ POSTGRES_STEPS: dict[int, tuple[str, ...]] = {
          " END LOOP; END $$",),
     24: ("DELETE FROM session_visitors sv USING sessions s WHERE s.id = sv.session_id"
          " AND s.visitor_id = sv.visitor_id AND s.site_id = sv.site_id",),
+    25: ("ALTER TABLE visitor_salts ADD COLUMN IF NOT EXISTS dated BIGINT NOT NULL DEFAULT 0"
+         " CHECK (dated IN (0, 1))",),
 }
 
 # Run before schema_postgres.sql, for databases older than the version: what must be out

@@ -255,7 +255,7 @@ def _previous_visitor_ids(conn: Connection, rows: list[list],
     events = [(unit, event) for unit in batch.units for event in unit.events]
     if len(events) != len(rows):
         return [None] * len(rows)
-    salts: dict[int, bytes | None] = {}
+    salts: dict[int, tuple | None] = {}
     previous = []
     for unit, event in events:
         if event.ua is None or event.ip_packed is None:
@@ -263,9 +263,10 @@ def _previous_visitor_ids(conn: Connection, rows: list[list],
             continue
         day = unit.day - 1
         if day not in salts:
-            row = conn.execute("SELECT salt FROM visitor_salts WHERE day = ?", (day,)).fetchone()
-            salts[day] = row[0] if row else None
+            row = conn.execute("SELECT salt, dated FROM visitor_salts WHERE day = ?",
+                               (day,)).fetchone()
+            salts[day] = (row[0], day if row[1] else None) if row else None
         salt = salts[day]
-        previous.append(None if salt is None else visitor_id(salt, unit.site_id,
-                                                             event.ip_packed, event.ua))
+        previous.append(None if salt is None else visitor_id(salt[0], unit.site_id,
+                                                             event.ip_packed, event.ua, salt[1]))
     return previous

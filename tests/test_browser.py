@@ -138,7 +138,7 @@ class World:
     def daily_visitor(self, site: dict) -> int:
         day = int(self.clock() * 1000) // 86_400_000
         salt = rows(self.db_path, "SELECT salt FROM visitor_salts WHERE day = ?", (day,))[0]
-        return visitor_id(salt["salt"], site["number"], pack_ip("127.0.0.1"), DESKTOP_UA)
+        return visitor_id(salt["salt"], site["number"], pack_ip("127.0.0.1"), DESKTOP_UA, day)
 
 
 @pytest.fixture

@@ -56,7 +56,7 @@ def browser_key(db_path: str) -> bytes:
 
 def daily_id(db_path: str, site_id: int, ip: str, ua: str, day: int) -> int:
     salt = rows(db_path, "SELECT salt FROM visitor_salts WHERE day = ?", (day,))[0]["salt"]
-    return visitor_id(salt, site_id, pack_ip(ip), ua)
+    return visitor_id(salt, site_id, pack_ip(ip), ua, day)
 
 
 def events(db_path: str) -> list[dict]:

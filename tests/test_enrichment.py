@@ -168,21 +168,47 @@ def test_same_visitor_same_id_across_workers(db):
     conn_a, conn_b = db.connect(), db.connect()
     salt = worker_a.salt(conn_a, day)
     assert worker_b.salt(conn_b, day) == salt  # the first writer's salt wins
+    assert salt.dated  # a salt made now gives ids that carry its day
     ip = bytes([203, 0, 113, 7])
-    assert visitor_id(salt, 1, ip, FIREFOX_LINUX) == visitor_id(worker_b.salt(conn_b, day), 1, ip,
-                                                                FIREFOX_LINUX)
+    assert visitor_id(salt.salt, 1, ip, FIREFOX_LINUX, day) == visitor_id(
+        worker_b.salt(conn_b, day).salt, 1, ip, FIREFOX_LINUX, day)
     conn_a.close()
     conn_b.close()
 
 
-def test_visitor_id_depends_on_every_input():
+@pytest.mark.parametrize("day", [None, 20_000])
+def test_visitor_id_depends_on_every_input(day):
     salt, other_salt = b"s" * 32, b"t" * 32
     ip, other_ip = bytes([203, 0, 113, 7]), bytes([203, 0, 113, 8])
-    base = visitor_id(salt, 1, ip, FIREFOX_LINUX)
+    base = visitor_id(salt, 1, ip, FIREFOX_LINUX, day)
     assert isinstance(base, int) and -(2**63) <= base < 2**63
-    variants = [visitor_id(other_salt, 1, ip, FIREFOX_LINUX), visitor_id(salt, 2, ip, FIREFOX_LINUX),
-                visitor_id(salt, 1, other_ip, FIREFOX_LINUX), visitor_id(salt, 1, ip, IPHONE)]
+    variants = [visitor_id(other_salt, 1, ip, FIREFOX_LINUX, day),
+                visitor_id(salt, 2, ip, FIREFOX_LINUX, day),
+                visitor_id(salt, 1, other_ip, FIREFOX_LINUX, day),
+                visitor_id(salt, 1, ip, IPHONE, day)]
     assert base not in variants and len(set(variants)) == 4
+
+
+@pytest.mark.parametrize("day", [0, 1, 20_000, 32_766, 32_767, 32_768, 65_534, 2**40])
+def test_a_dated_id_is_its_days_field_over_48_bits_of_hash(day):
+    # Bit 63 clear, 1 + day % 32767 in bits 48..62 (never 0: no id is the erased
+    # visitor's 0), the hash below; ids of later days sort after (within the period).
+    field = 1 + day % 32_767
+    ids = [visitor_id(bytes([n]) * 32, 7, bytes([203, 0, 113, n]), FIREFOX_LINUX, day)
+           for n in range(64)]
+    assert all(0 < i < 2**63 and i >> 48 == field for i in ids)
+    assert len(set(ids)) == 64
+    if field < 32_767:
+        later = visitor_id(b"s" * 32, 7, bytes(4), FIREFOX_LINUX, day + 1)
+        assert later > max(ids)
+
+
+def test_a_dated_id_is_the_keyed_48_bit_hash_of_its_inputs():
+    salt, ip, day = bytes(range(32)), bytes(range(16)), 20_700
+    digest = hashlib.blake2b((7).to_bytes(8, "big", signed=True) + bytes((len(ip),)) + ip
+                             + FIREFOX_LINUX.encode(), key=salt, digest_size=6).digest()
+    expected = (1 + day % 32_767) << 48 | int.from_bytes(digest, "big")
+    assert visitor_id(salt, 7, ip, FIREFOX_LINUX, day) == expected
 
 
 @pytest.mark.parametrize("ip", [bytes([203, 0, 113, 7]), bytes(range(16))])
@@ -220,7 +246,7 @@ def test_salts_come_from_the_injected_randomness(db):
     expected = counting_bytes()(32)
     salts = VisitorSalts(db, clock, random_bytes)
     conn = db.connect()
-    assert salts.salt(conn, 7) == expected
+    assert salts.salt(conn, 7).salt == expected
     conn.close()
 
 

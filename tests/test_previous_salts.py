@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from enrichment.enricher import Enricher, previous_visitor_ids
-from enrichment.visitor import visitor_id
+from enrichment.visitor import hashed_visitor_id, salt_hasher
 from ingest import pipeline
 from ingest.queue import Accepted
 from storage.backend import open_database
-from storage.salts import insert_salt, read_salt, read_salts
+from storage.salts import Salt, insert_salt, read_salt, read_salts
 from tests.conftest import FakeClock, config_for, counting_bytes, rows
 from validation.event import parse_events
 from vocabulary import DAY_MS, IDENTIFY
@@ -24,6 +24,11 @@ IP, IP_PACKED = "81.2.69.142", bytes([81, 2, 69, 142])
 
 def salt_of(n: int) -> bytes:
     return bytes([n]) * 32
+
+
+def visitor_id(conn, day: int, ua: str) -> int:
+    """The id of the test's ip + `ua` on site 1 under the stored salt of `day`."""
+    return hashed_visitor_id(salt_hasher(read_salt(conn, day), day, 1), IP_PACKED, ua)
 
 
 def open_db(db_path: str):
@@ -59,11 +64,12 @@ def store_salts(db, days: dict[int, bytes]) -> None:
 
 @pytest.mark.parametrize("days, expected", [
     ([], {}),
-    ([FIRST_DAY, FIRST_DAY + 1], {FIRST_DAY: salt_of(1), FIRST_DAY + 1: salt_of(2)}),
+    ([FIRST_DAY, FIRST_DAY + 1], {FIRST_DAY: Salt(salt_of(1), True),
+                                  FIRST_DAY + 1: Salt(salt_of(2), True)}),
     ([FIRST_DAY + 5, FIRST_DAY - 1], {}),
-    ([FIRST_DAY - 1, FIRST_DAY + 1, FIRST_DAY + 5], {FIRST_DAY + 1: salt_of(2)}),
-    ([FIRST_DAY, FIRST_DAY, FIRST_DAY + 1, FIRST_DAY], {FIRST_DAY: salt_of(1),
-                                                         FIRST_DAY + 1: salt_of(2)}),
+    ([FIRST_DAY - 1, FIRST_DAY + 1, FIRST_DAY + 5], {FIRST_DAY + 1: Salt(salt_of(2), True)}),
+    ([FIRST_DAY, FIRST_DAY, FIRST_DAY + 1, FIRST_DAY], {FIRST_DAY: Salt(salt_of(1), True),
+                                                         FIRST_DAY + 1: Salt(salt_of(2), True)}),
 ], ids=["none", "present", "absent", "mixed", "duplicates"])
 def test_salts_of_several_days_are_read_in_one_statement(db, days, expected):
     store_salts(db, {FIRST_DAY: salt_of(1), FIRST_DAY + 1: salt_of(2), FIRST_DAY + 2: salt_of(3)})
@@ -108,7 +114,7 @@ def test_a_flush_spanning_several_days_continues_each_days_visits(db_path, db):
           days[-1], random_bytes)
     evening = {day: rows(db_path, "SELECT session_id FROM events WHERE pathname = '/late'"
                                   " AND visitor_id = ?",
-                         (visitor_id(read_salt(db.conn(), day - 1), 1, IP_PACKED, agents[day]),)
+                         (visitor_id(db.conn(), day - 1, agents[day]),)
                          )[0]["session_id"] for day in days}
     db.close()
 
@@ -124,7 +130,7 @@ def test_a_flush_spanning_several_days_continues_each_days_visits(db_path, db):
     previous = previous_visitor_ids(counting, batch)
     assert counting.statements == 1  # four days reached back to, one read
     # The ids each day's salt gives, read a day at a time; none for the day without one.
-    expected = [visitor_id(read_salt(conn, day - 1), 1, IP_PACKED, agents[day])
+    expected = [visitor_id(conn, day - 1, agents[day])
                 for day in days for _ in range(2)]
     assert previous == [*expected, None]
     assert read_salt(conn, no_salt_day - 1) is None
@@ -138,7 +144,7 @@ def test_a_flush_spanning_several_days_continues_each_days_visits(db_path, db):
         for n, day in enumerate(days):
             stored = rows(db_path, "SELECT session_id, visitor_id FROM events WHERE pathname IN"
                                    " ('/back', '/again') AND visitor_id = ? ORDER BY id",
-                          (visitor_id(read_salt(db.conn(), day), 1, IP_PACKED, agents[day]),))
+                          (visitor_id(db.conn(), day, agents[day]),))
             assert [row["session_id"] for row in stored] == [evening[day]] * 2
             links = rows(db_path, "SELECT visitor_id FROM session_links WHERE session_id = ?"
                                   " ORDER BY visitor_id", (evening[day],))
@@ -150,7 +156,7 @@ def test_a_flush_spanning_several_days_continues_each_days_visits(db_path, db):
         assert [row["pageviews"] for row in sessions] == [3, 3, 3, 1]
         assert {row["id"] for row in sessions[:3]} == set(evening.values())
         new = rows(db_path, "SELECT session_id FROM events WHERE visitor_id = ?",
-                   (visitor_id(read_salt(db.conn(), no_salt_day), 1, IP_PACKED, FIREFOX),))
+                   (visitor_id(db.conn(), no_salt_day, FIREFOX),))
         assert [row["session_id"] for row in new] == [sessions[3]["id"]]
     finally:
         db.close()

@@ -115,7 +115,7 @@ class Proxied:
     def daily_id(self, ip: str) -> int:
         day = int(self.clock() * 1000) // 86_400_000
         salt = rows(self.db_path, "SELECT salt FROM visitor_salts WHERE day = ?", (day,))[0]
-        return visitor_id(salt["salt"], self.site_number, pack_ip(ip), DESKTOP_UA)
+        return visitor_id(salt["salt"], self.site_number, pack_ip(ip), DESKTOP_UA, day)
 
     def close(self):
         self.nginx.terminate()

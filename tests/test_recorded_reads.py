@@ -34,7 +34,7 @@ def test_the_reads_see_one_state_and_a_commit_meanwhile_is_noticed_under_the_loc
         with db.transaction(conn):
             assert not reads.unchanged(conn)  # the read gives another row now
         with recorded_reads(conn) as again:
-            assert read_salt(again, 1) == SALT
+            assert read_salt(again, 1).salt == SALT
         with db.transaction(conn):
             assert again.unchanged(conn)  # nothing committed since
     finally:
@@ -51,7 +51,7 @@ def test_reads_inside_a_transaction_leave_it_to_its_owner(db):
                 assert read_salt(reads, 1) is None
             assert conn.in_transaction
             insert_salt(conn, 1, SALT, 0)
-        assert read_salt(conn, 1) == SALT
+        assert read_salt(conn, 1).salt == SALT
     finally:
         conn.close()
 

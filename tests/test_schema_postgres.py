@@ -446,6 +446,8 @@ CASES = [
     ("events", {"device": "tablet"}, True),
     ("events", {"device": "Desktop"}, False),
     ("visitor_salts", {"salt": bytes(31)}, False),
+    ("visitor_salts", {"dated": 1}, True),
+    ("visitor_salts", {"dated": 2}, False),
     ("monthly_usage", {"month": "2026-19"}, True),
     ("monthly_usage", {"month": "2026-1"}, False),
     ("monthly_usage", {"month": "2026-21"}, False),
