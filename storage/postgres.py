@@ -182,6 +182,18 @@ _SIZE = native(
     " (SELECT oid FROM pg_namespace WHERE nspname = current_schema())")
 
 
+# The first word of a statement that only reads (a WITH that writes names INSERT, UPDATE or
+# DELETE after it).
+_READS = re.compile(r"\s*(SELECT|SHOW|VALUES|TABLE|WITH)\b", re.IGNORECASE)
+_WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE|MERGE)\b", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reads_only(sql: str) -> bool:
+    found = _READS.match(sql)
+    return found is not None and (found[1].upper() != "WITH" or _WRITES.search(sql) is None)
+
+
 def _compiled(sql: str):
     """A declared statement's PostgreSQL spelling, compiled when it was declared; any other
     text (the suite's own statements) is compiled once and cached, by the same compiler."""
@@ -287,6 +299,7 @@ class PostgresConnection:
         self.settings = settings
         self.budget: Budget | None = None  # a read budget's deadline (PostgresDatabase.read_budget)
         self._statement_timeout_ms = 0  # the open transaction's statement_timeout (0: none set)
+        self._reading = False  # a read budget's own transaction is open (_within_budget)
         self.pipelined: psycopg.Pipeline | None = None  # inside pipeline(): its pipeline
         self.out_of_step = False  # stop_preparing() was called: its owner replaces it
 
@@ -304,7 +317,9 @@ class PostgresConnection:
 
     @property
     def in_transaction(self) -> bool:
-        return self.raw.info.transaction_status != TransactionStatus.IDLE
+        """Whether a transaction of the caller's is open (not a read budget's own)."""
+        return (self.raw.info.transaction_status != TransactionStatus.IDLE
+                and not self._reading)
 
     @property
     def closed(self) -> bool:
@@ -318,13 +333,16 @@ class PostgresConnection:
             return self._pragma(sql)
         statement = _compiled(sql)
         cursor = psycopg.RawCursor(self.raw)
-        if self.budget is not None and self._within_budget():
+        if self.budget is not None and not self._within_budget(statement.raw):
             return self._alone(lambda: cursor.execute(statement.raw,
                                                       statement.arguments(params) or ()), cursor)
         try:
             cursor.execute(statement.raw, statement.arguments(params) or ())
-        except pg_errors.QueryCanceled as exc:
-            raise self._canceled(exc) from exc
+        except psycopg.Error as exc:
+            self._end_reading(failed=True)
+            if isinstance(exc, pg_errors.QueryCanceled):
+                raise self._canceled(exc) from exc
+            raise
         return PostgresCursor(cursor, self.pipelined)
 
     def executemany(self, sql: str, rows) -> PostgresCursor:
@@ -336,7 +354,7 @@ class PostgresConnection:
                 cursor.executemany(statement.text, rows)
             else:
                 cursor.executemany(statement.text, (statement.arguments(row) for row in rows))
-        if self.budget is not None and self._within_budget():
+        if self.budget is not None and not self._within_budget(None):
             return self._alone(run, cursor)
         try:
             run()
@@ -347,26 +365,48 @@ class PostgresConnection:
     # A read budget: the server stops a statement at statement_timeout, and no statement
     # starts once the deadline has passed. The timeout is set for one transaction only (SET
     # LOCAL), so it never outlives the read on the server connection, which a pooler in
-    # transaction mode (PgBouncer) may hand to another client next: a statement outside a
-    # transaction runs in one of its own with the time left; inside one, the transaction's
-    # timeout is the time left, tightened as it shrinks (at most a tenth over it, and a SET
-    # only every tenth of the time left).
+    # transaction mode (PgBouncer) may hand to another client next. Reads outside the
+    # caller's transactions run in one transaction the budget opens at its first statement
+    # and ends with it (READ COMMITTED: each statement sees what is committed when it
+    # starts, as without it); a write there runs in a transaction of its own. The timeout
+    # is the time left, tightened as it shrinks (at most a tenth over it, and a SET only
+    # every tenth of the time left).
     def start_budget(self, budget: Budget) -> None:
         self.budget = budget
-        self._within_budget()
+        self._statement_timeout_ms = 0
+        self._within_budget("")
 
     def end_budget(self) -> None:
-        """The transaction the stop may have cut short rolled back (its statement_timeout
-        goes with it); a connection that cannot is closed (the pool replaces it)."""
+        """The budget's transaction ended, and a transaction of the caller's the stop may
+        have cut short rolled back (statement_timeout goes with them); a connection that
+        cannot is closed (the pool replaces it)."""
         self.budget = None
-        self._statement_timeout_ms = 0
         if self.closed:
+            self._reading, self._statement_timeout_ms = False, 0
             return
         try:
-            if self.in_transaction:
+            if self._reading:
+                self._end_reading()
+            elif self.in_transaction:
                 self.raw.execute("ROLLBACK")
         except psycopg.Error:
             self.raw.close()
+        self._statement_timeout_ms = 0
+
+    def _end_reading(self, *, failed: bool = False) -> None:
+        """End the budget's own transaction, if open: COMMIT, or ROLLBACK after a failed
+        statement (it read only)."""
+        if not self._reading:
+            return
+        self._reading, self._statement_timeout_ms = False, 0
+        if self.closed:
+            return
+        try:
+            self.raw.execute("ROLLBACK" if failed else "COMMIT", prepare=False)
+        except psycopg.Error:
+            self.raw.close()
+            if not failed:
+                raise
 
     def _left_ms(self) -> float:
         budget = self.budget
@@ -376,20 +416,32 @@ class PostgresConnection:
             raise ReadBudgetExceeded(budget.seconds)
         return left_ms
 
-    def _within_budget(self) -> bool:
-        """Raises past the deadline. True: no transaction is open, the statement must run
-        in one of its own (_alone); otherwise the open one's timeout is tightened."""
+    def _within_budget(self, sql: str | None) -> bool:
+        """Before a statement under the budget (`sql`: its text; "": none yet, None: a
+        write): raises past the deadline. False: the statement must run in a transaction
+        of its own (_alone). Otherwise it runs in the caller's transaction or the budget's,
+        opened here, whose timeout is the time left."""
         left_ms = self._left_ms()
         if not self.in_transaction:
-            return True
+            if sql is None or (sql and not _reads_only(sql)):
+                self._end_reading()
+                return False
+            if not self._reading:
+                if sql:
+                    self.raw.execute(f"BEGIN; {self._settings_sql()}", prepare=False)
+                    self._reading = True
+                return True
         if not self._statement_timeout_ms or left_ms < 0.9 * self._statement_timeout_ms:
             timeout = max(1, math.ceil(left_ms))
             try:
                 self.raw.execute(f"SET LOCAL statement_timeout = {timeout}")  # sql-safe: an int
-            except pg_errors.QueryCanceled as exc:
-                raise self._canceled(exc) from exc
+            except psycopg.Error as exc:
+                self._end_reading(failed=True)
+                if isinstance(exc, pg_errors.QueryCanceled):
+                    raise self._canceled(exc) from exc
+                raise
             self._statement_timeout_ms = timeout
-        return False
+        return True
 
     def _alone(self, run: Callable[[], None], cursor) -> PostgresCursor:
         """`run()` (a statement on `cursor`) in a transaction of its own with this
@@ -402,7 +454,7 @@ class PostgresConnection:
                 self.raw.execute("COMMIT", prepare=False)
         except BaseException as exc:
             self._statement_timeout_ms = 0
-            if not self.closed and self.in_transaction:
+            if not self.closed and self.raw.info.transaction_status != TransactionStatus.IDLE:
                 try:
                     self.raw.execute("ROLLBACK")
                 except psycopg.Error:
@@ -425,8 +477,12 @@ class PostgresConnection:
                                      for name, value in pairs)
 
     def begin(self, begin: str = "BEGIN") -> None:
-        """`begin` (a BEGIN statement) and the transaction's settings, in one round trip."""
-        self.raw.execute(f"{begin}; {self._settings_sql()}", prepare=False)
+        """`begin` (a BEGIN statement) and the transaction's settings, in one round trip
+        (the budget's own transaction ended first)."""
+        settings = self._settings_sql()
+        end = "COMMIT; " if self._reading else ""
+        self._reading = False
+        self.raw.execute(f"{end}{begin}; {settings}", prepare=False)
 
     def _canceled(self, exc: pg_errors.QueryCanceled) -> Exception:
         """A statement the server canceled: under a budget, the budget stopped it."""
@@ -461,6 +517,7 @@ class PostgresConnection:
     def _begin(self, *, immediate: bool) -> PostgresCursor:
         cursor = self.raw.cursor()
         if self.pipelined:
+            self._end_reading()
             cursor.execute("BEGIN")
             cursor.execute(self._settings_sql())
         else:
@@ -486,6 +543,9 @@ class PostgresConnection:
     def _begin_sites(self, sites: Collection[int], shared: bool,
                      prepare: bool | None) -> psycopg.Cursor:
         cursor = self.raw.cursor()
+        if self._reading:
+            self._reading = False
+            cursor.execute("COMMIT", prepare=prepare)
         cursor.execute("BEGIN", prepare=prepare)
         cursor.execute(self._settings_sql(), prepare=False)
         cursor.execute(_SHARED_LOCK, (WRITE_LOCK_KEY,), prepare=prepare)

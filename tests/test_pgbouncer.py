@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
@@ -61,7 +62,8 @@ BROWSER = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko
 class PgBouncer:
     """A pgbouncer process in front of the test server, for one new database."""
 
-    def __init__(self, stack: ExitStack):
+    def __init__(self, stack: ExitStack, pool_size: int = POOL_SIZE):
+        self.pool_size = pool_size
         binary = require("pgbouncer", "/usr/sbin/pgbouncer")
         found = re.search(r"PgBouncer (\d+)\.(\d+)", subprocess.run(
             [binary, "--version"], capture_output=True, text=True, check=True).stdout)
@@ -101,7 +103,8 @@ unix_socket_dir =
 auth_type = trust
 auth_file = {self.folder / 'users.txt'}
 pool_mode = transaction
-default_pool_size = {POOL_SIZE}
+default_pool_size = {self.pool_size}
+admin_users = {self.user}
 max_client_conn = 500
 ignore_startup_parameters = options
 """)
@@ -157,6 +160,15 @@ ignore_startup_parameters = options
                                  " AND application_name <> %s",
                                  (self.database, DIRECT)).fetchone()[0]
 
+    def waiting_clients(self) -> int:
+        """Clients of the database waiting for a server connection (PgBouncer's SHOW POOLS)."""
+        with psycopg.connect(f"postgresql://{self.user}@127.0.0.1:{self.port}/pgbouncer",
+                             autocommit=True) as console:
+            cursor = console.execute("SHOW POOLS")
+            names = [column.name for column in cursor.description]
+            return sum(dict(zip(names, row, strict=True))["cl_waiting"] for row in cursor
+                       if row[names.index("database")] == self.database)
+
     def env(self) -> dict:
         """Tally's settings behind this PgBouncer: prepared statements need 1.21 or later."""
         return {} if self.version >= (1, 21) else {"TALLY_DATABASE_PREPARED": "off"}
@@ -166,6 +178,13 @@ ignore_startup_parameters = options
 def bouncer():
     with ExitStack() as stack:
         yield PgBouncer(stack)
+
+
+@pytest.fixture
+def one_connection_bouncer():
+    """Every client shares one server connection: what one leaves there, the next finds."""
+    with ExitStack() as stack:
+        yield PgBouncer(stack, pool_size=1)
 
 
 def server_defaults(bouncer: PgBouncer) -> dict:
@@ -178,7 +197,7 @@ def server_defaults(bouncer: PgBouncer) -> dict:
 def settings_seen_through(bouncer: PgBouncer) -> dict[int, dict]:
     """What a plain client finds on every server connection of the pool: as many clients
     as the pool has connections, each holding a transaction open, so each is on its own."""
-    clients = [psycopg.connect(bouncer.url, autocommit=True) for _ in range(POOL_SIZE)]
+    clients = [psycopg.connect(bouncer.url, autocommit=True) for _ in range(bouncer.pool_size)]
     try:
         seen = {}
         for client in clients:
@@ -196,17 +215,18 @@ def settings_seen_through(bouncer: PgBouncer) -> dict[int, dict]:
 
 def assert_nothing_left(bouncer: PgBouncer, defaults: dict) -> None:
     seen = settings_seen_through(bouncer)
-    assert len(seen) == POOL_SIZE  # every server connection of the pool, each once
+    assert len(seen) == bouncer.pool_size  # every server connection of the pool, each once
     left = sorted((name, value, defaults[name]) for settings in seen.values()
                   for name, value in settings.items() if value != defaults[name])
     assert left == [], f"(setting, found, server default) on a pooled connection: {left}"
 
 
-def test_a_read_budget_never_reaches_another_clients_transaction(bouncer):
-    """While a budgeted read is under way and after it, every server connection shows the
-    server's defaults to another client; a read past its budget is still stopped by the
-    server (statement_timeout, set for the read's own transaction) and answered as
-    documented."""
+def test_a_read_budget_never_reaches_another_clients_transaction(one_connection_bouncer):
+    """Another client that asks for the one server connection while a budgeted read is
+    under way, and after it, finds the server's defaults there; a read past its budget is
+    still stopped by the server (statement_timeout, set for the read's own transaction)
+    and answered as documented."""
+    bouncer = one_connection_bouncer
     defaults = server_defaults(bouncer)
     run_cli("init", db=bouncer.url, env=bouncer.env())
     db = PostgresDatabase(bouncer.url, prepared_statements=False)
@@ -214,11 +234,16 @@ def test_a_read_budget_never_reaches_another_clients_transaction(bouncer):
         writer = db.connect()  # a writer's own connection: lock_timeout and jit off
         with db.transaction(writer) as conn:
             assert conn.execute(native("postgres", "SHOW lock_timeout")).fetchone()[0] == "5s"
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(settings_seen_through(bouncer)))
         with db.read_budget(WAIT):
             assert db.conn().execute(ONE).fetchone()[0] == 1
-            assert_nothing_left(bouncer, defaults)  # in the middle of the budget
+            other.start()  # it gets the server connection once the read lets it go
+            assert wait_until(lambda: not other.is_alive() or bouncer.waiting_clients() > 0)
             assert db.conn().execute(ONE).fetchone()[0] == 1
         db.release()
+        other.join(WAIT)
+        assert [list(settings.values()) for settings in seen] == [[defaults]]
         with pytest.raises(ReadBudgetExceeded) as stopped:
             with db.read_budget(0.05):
                 db.conn().execute(FOREVER).fetchone()
