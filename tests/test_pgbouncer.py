@@ -21,6 +21,7 @@ import threading
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
+from urllib.parse import quote
 
 import orjson
 import psycopg
@@ -74,7 +75,8 @@ class PgBouncer:
         admin = postgres_admin()
         admin.execute(f'CREATE DATABASE "{self.database}"')
         stack.callback(self._drop, admin)
-        self.direct = (f"postgresql://{self.user}@{server.get('host', '127.0.0.1')}:"
+        secret = f":{quote(server['password'], safe='')}" if server.get("password") else ""
+        self.direct = (f"postgresql://{self.user}{secret}@{server.get('host', '127.0.0.1')}:"
                        f"{server.get('port', '5432')}/{self.database}")
         # Readable by the user pgbouncer runs as: it refuses to run as root.
         self.folder = Path(tempfile.mkdtemp(prefix="tally-pgbouncer-"))
@@ -93,8 +95,9 @@ class PgBouncer:
 
     def _start(self, binary: str, server: dict) -> bool:
         ini = self.folder / "pgbouncer.ini"
+        password = f" password={server['password']}" if server.get("password") else ""
         ini.write_text(f"""[databases]
-* = host={server.get('host', '127.0.0.1')} port={server.get('port', '5432')}
+* = host={server.get('host', '127.0.0.1')} port={server.get('port', '5432')}{password}
 
 [pgbouncer]
 listen_addr = 127.0.0.1
