@@ -518,8 +518,8 @@ class PostgresConnection:
         cursor = self.raw.cursor()
         if self.pipelined:
             self._end_reading()
-            cursor.execute("BEGIN")
-            cursor.execute(self._settings_sql())
+            cursor.execute("BEGIN", prepare=False)
+            cursor.execute(self._settings_sql(), prepare=False)
         else:
             self.begin()
         if immediate:
