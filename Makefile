@@ -58,7 +58,7 @@ test-dist-binary: install dist-binary
 	TALLY_TEST_DIST_BINARY=$(abspath $(BINARY)) $(BIN)/python -m pytest -q \
 		tests/test_dist.py::test_the_binary_build_serves_from_an_empty_folder
 
-# Headless Chromium, its driver, nginx and wrk (the bench harness's end-to-end tests) for
+# Headless Chromium, its driver, nginx, pgbouncer and wrk (the bench harness's end-to-end tests) for
 # the real-part tests: installed through apt when root or sudo allows; required under
 # CI=true, otherwise their tests skip loudly.
 system-deps:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the real-part tests need (headless Chromium with its
-# driver, nginx; `make test` adds wrk) when they are missing and we may: as root, or through sudo.
+# driver, nginx, pgbouncer; `make test` adds wrk) when they are missing and we may: as root, or through sudo.
 # Under CI=true a package that cannot be installed fails the run; elsewhere the tests
 # that need it skip with a loud message.
 # Arguments name more tools, each from the Debian package of the same name
@@ -10,6 +10,7 @@ need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 for tool in "$@"; do
   command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
 done

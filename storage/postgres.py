@@ -40,6 +40,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql as pg_sql
 from psycopg.adapt import Dumper, Loader
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.numeric import Int8Dumper
 from psycopg.types.string import StrDumper
@@ -181,6 +182,18 @@ _SIZE = native(
     " (SELECT oid FROM pg_namespace WHERE nspname = current_schema())")
 
 
+# The first word of a statement that only reads (a WITH that writes names INSERT, UPDATE or
+# DELETE after it).
+_READS = re.compile(r"\s*(SELECT|SHOW|VALUES|TABLE|WITH)\b", re.IGNORECASE)
+_WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE|MERGE)\b", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reads_only(sql: str) -> bool:
+    found = _READS.match(sql)
+    return found is not None and (found[1].upper() != "WITH" or _WRITES.search(sql) is None)
+
+
 def _compiled(sql: str):
     """A declared statement's PostgreSQL spelling, compiled when it was declared; any other
     text (the suite's own statements) is compiled once and cached, by the same compiler."""
@@ -275,13 +288,18 @@ class PostgresConnection:
 
     dialect = "postgres"
 
-    def __init__(self, raw: psycopg.Connection, lock_timeout_ms: int, *, replica: bool = False):
+    def __init__(self, raw: psycopg.Connection, lock_timeout_ms: int, *, replica: bool = False,
+                 settings: tuple[tuple[str, str], ...] = ()):
+        """`settings`: (name, value) pairs every transaction this connection opens sets
+        for itself (SET LOCAL), besides lock_timeout."""
         self.raw = raw
         self.lock_timeout_ms = lock_timeout_ms
-        self.lock_wait_ms = lock_timeout_ms  # lock_timeout as last set
+        self.lock_wait_ms = lock_timeout_ms  # the lock_timeout of the transactions it opens
         self.replica = replica  # a connection to the read replica (storage/replica.py)
+        self.settings = settings
         self.budget: Budget | None = None  # a read budget's deadline (PostgresDatabase.read_budget)
-        self._statement_timeout_ms = 0  # what this connection's statement_timeout was set to
+        self._statement_timeout_ms = 0  # the open transaction's statement_timeout (0: none set)
+        self._reading = False  # a read budget's own transaction is open (_within_budget)
         self.pipelined: psycopg.Pipeline | None = None  # inside pipeline(): its pipeline
         self.out_of_step = False  # stop_preparing() was called: its owner replaces it
 
@@ -299,7 +317,9 @@ class PostgresConnection:
 
     @property
     def in_transaction(self) -> bool:
-        return self.raw.info.transaction_status != TransactionStatus.IDLE
+        """Whether a transaction of the caller's is open (not a read budget's own)."""
+        return (self.raw.info.transaction_status != TransactionStatus.IDLE
+                and not self._reading)
 
     @property
     def closed(self) -> bool:
@@ -312,64 +332,157 @@ class PostgresConnection:
         if keyword.startswith("PRAGMA"):
             return self._pragma(sql)
         statement = _compiled(sql)
-        if self.budget is not None:
-            self._within_budget()
         cursor = psycopg.RawCursor(self.raw)
+        if self.budget is not None and not self._within_budget(statement.raw):
+            return self._alone(lambda: cursor.execute(statement.raw,
+                                                      statement.arguments(params) or ()), cursor)
         try:
             cursor.execute(statement.raw, statement.arguments(params) or ())
-        except pg_errors.QueryCanceled as exc:
-            raise self._canceled(exc) from exc
+        except psycopg.Error as exc:
+            self._end_reading(failed=True)
+            if isinstance(exc, pg_errors.QueryCanceled):
+                raise self._canceled(exc) from exc
+            raise
         return PostgresCursor(cursor, self.pipelined)
 
     def executemany(self, sql: str, rows) -> PostgresCursor:
         statement = _compiled(sql)
-        if self.budget is not None:
-            self._within_budget()
         cursor = self.raw.cursor()
-        try:
+
+        def run() -> None:
             if statement.order is None and not statement.lists and not statement.null_tests:
                 cursor.executemany(statement.text, rows)
             else:
                 cursor.executemany(statement.text, (statement.arguments(row) for row in rows))
+        if self.budget is not None and not self._within_budget(None):
+            return self._alone(run, cursor)
+        try:
+            run()
         except pg_errors.QueryCanceled as exc:
             raise self._canceled(exc) from exc
         return PostgresCursor(cursor)
 
     # A read budget: the server stops a statement at statement_timeout, and no statement
-    # starts once the deadline has passed. The timeout is the time left, tightened as it
-    # shrinks (at most a tenth over it, and a SET only every tenth of the time left).
+    # starts once the deadline has passed. The timeout is set for one transaction only (SET
+    # LOCAL), so it never outlives the read on the server connection, which a pooler in
+    # transaction mode (PgBouncer) may hand to another client next. Reads outside the
+    # caller's transactions run in one transaction the budget opens at its first statement
+    # and ends with it (READ COMMITTED: each statement sees what is committed when it
+    # starts, as without it); a write there runs in a transaction of its own. The timeout
+    # is the time left, tightened as it shrinks (at most a tenth over it, and a SET only
+    # every tenth of the time left).
     def start_budget(self, budget: Budget) -> None:
         self.budget = budget
-        self._within_budget()
+        self._statement_timeout_ms = 0
+        self._within_budget("")
 
     def end_budget(self) -> None:
-        """Back to the session's own statement_timeout, the transaction the stop may have
-        cut short rolled back; a connection that cannot is closed (the pool replaces it)."""
+        """The budget's transaction ended, and a transaction of the caller's the stop may
+        have cut short rolled back (statement_timeout goes with them); a connection that
+        cannot is closed (the pool replaces it)."""
         self.budget = None
         if self.closed:
+            self._reading, self._statement_timeout_ms = False, 0
             return
         try:
-            if self.in_transaction:
+            if self._reading:
+                self._end_reading()
+            elif self.in_transaction:
                 self.raw.execute("ROLLBACK")
-            if self._statement_timeout_ms:
-                self.raw.execute("RESET statement_timeout")
         except psycopg.Error:
             self.raw.close()
         self._statement_timeout_ms = 0
 
-    def _within_budget(self) -> None:
+    def _end_reading(self, *, failed: bool = False) -> None:
+        """End the budget's own transaction, if open: COMMIT, or ROLLBACK after a failed
+        statement (it read only)."""
+        if not self._reading:
+            return
+        self._reading, self._statement_timeout_ms = False, 0
+        if self.closed:
+            return
+        try:
+            self.raw.execute("ROLLBACK" if failed else "COMMIT", prepare=False)
+        except psycopg.Error:
+            self.raw.close()
+            if not failed:
+                raise
+
+    def _left_ms(self) -> float:
         budget = self.budget
         left_ms = budget.remaining() * 1000
         if left_ms <= 0:
             budget.tripped = True
             raise ReadBudgetExceeded(budget.seconds)
+        return left_ms
+
+    def _within_budget(self, sql: str | None) -> bool:
+        """Before a statement under the budget (`sql`: its text; "": none yet, None: a
+        write): raises past the deadline. False: the statement must run in a transaction
+        of its own (_alone). Otherwise it runs in the caller's transaction or the budget's,
+        opened here, whose timeout is the time left."""
+        left_ms = self._left_ms()
+        if not self.in_transaction:
+            if sql is None or (sql and not _reads_only(sql)):
+                self._end_reading()
+                return False
+            if not self._reading:
+                if sql:
+                    self.raw.execute(f"BEGIN; {self._settings_sql()}", prepare=False)
+                    self._reading = True
+                return True
         if not self._statement_timeout_ms or left_ms < 0.9 * self._statement_timeout_ms:
             timeout = max(1, math.ceil(left_ms))
             try:
-                self.raw.execute(f"SET statement_timeout = {timeout}")  # sql-safe: an int
-            except pg_errors.QueryCanceled as exc:
-                raise self._canceled(exc) from exc
+                self.raw.execute(f"SET LOCAL statement_timeout = {timeout}")  # sql-safe: an int
+            except psycopg.Error as exc:
+                self._end_reading(failed=True)
+                if isinstance(exc, pg_errors.QueryCanceled):
+                    raise self._canceled(exc) from exc
+                raise
             self._statement_timeout_ms = timeout
+        return True
+
+    def _alone(self, run: Callable[[], None], cursor) -> PostgresCursor:
+        """`run()` (a statement on `cursor`) in a transaction of its own with this
+        connection's settings and the budget's time left: one round trip."""
+        try:
+            with self.raw.pipeline():
+                self.raw.execute("BEGIN", prepare=False)
+                self.raw.execute(self._settings_sql(), prepare=False)
+                run()
+                self.raw.execute("COMMIT", prepare=False)
+        except BaseException as exc:
+            self._statement_timeout_ms = 0
+            if not self.closed and self.raw.info.transaction_status != TransactionStatus.IDLE:
+                try:
+                    self.raw.execute("ROLLBACK")
+                except psycopg.Error:
+                    self.raw.close()
+            if isinstance(exc, pg_errors.QueryCanceled):
+                raise self._canceled(exc) from exc
+            raise
+        self._statement_timeout_ms = 0
+        return PostgresCursor(cursor)
+
+    def _settings_sql(self) -> str:
+        """One statement that sets, for the transaction just begun, its lock_timeout, the
+        connection's settings and, under a read budget, statement_timeout (the time left)."""
+        pairs = [("lock_timeout", str(int(self.lock_wait_ms))), *self.settings]
+        self._statement_timeout_ms = 0
+        if self.budget is not None:
+            self._statement_timeout_ms = max(1, math.ceil(self._left_ms()))
+            pairs.append(("statement_timeout", str(self._statement_timeout_ms)))
+        return "SELECT " + ", ".join(f"set_config('{name}', '{value}', true)"
+                                     for name, value in pairs)
+
+    def begin(self, begin: str = "BEGIN") -> None:
+        """`begin` (a BEGIN statement) and the transaction's settings, in one round trip
+        (the budget's own transaction ended first)."""
+        settings = self._settings_sql()
+        end = "COMMIT; " if self._reading else ""
+        self._reading = False
+        self.raw.execute(f"{end}{begin}; {settings}", prepare=False)
 
     def _canceled(self, exc: pg_errors.QueryCanceled) -> Exception:
         """A statement the server canceled: under a budget, the budget stopped it."""
@@ -403,7 +516,12 @@ class PostgresConnection:
 
     def _begin(self, *, immediate: bool) -> PostgresCursor:
         cursor = self.raw.cursor()
-        cursor.execute("BEGIN")
+        if self.pipelined:
+            self._end_reading()
+            cursor.execute("BEGIN", prepare=False)
+            cursor.execute(self._settings_sql(), prepare=False)
+        else:
+            self.begin()
         if immediate:
             cursor.execute(_LOCK, (WRITE_LOCK_KEY,))
         return PostgresCursor(cursor)
@@ -425,7 +543,11 @@ class PostgresConnection:
     def _begin_sites(self, sites: Collection[int], shared: bool,
                      prepare: bool | None) -> psycopg.Cursor:
         cursor = self.raw.cursor()
+        if self._reading:
+            self._reading = False
+            cursor.execute("COMMIT", prepare=prepare)
         cursor.execute("BEGIN", prepare=prepare)
+        cursor.execute(self._settings_sql(), prepare=False)
         cursor.execute(_SHARED_LOCK, (WRITE_LOCK_KEY,), prepare=prepare)
         locks = self.raw.cursor()
         locks.execute(_SHARED_SITE_LOCKS if shared else _SITE_LOCKS,
@@ -463,7 +585,7 @@ class PostgresConnection:
         self.raw.execute("DISCARD PLANS", prepare=False)
 
     def set_lock_timeout(self, ms: int) -> None:
-        self.raw.execute(f"SET lock_timeout = {int(ms)}")  # sql-safe: an int
+        """The lock_timeout of the transactions this connection opens from now on."""
         self.lock_wait_ms = int(ms)
 
     def commit(self) -> None:
@@ -476,22 +598,37 @@ class PostgresConnection:
         self.raw.close()
 
 
-def _connection_options(url: str, lock_timeout_ms: int) -> dict:
+def _settings(*, parallel_query: bool = True, jit: bool = True) -> tuple[tuple[str, str], ...]:
+    """The settings a connection's transactions set for themselves besides lock_timeout:
+    no parallel workers for a read process's statements, no JIT compiling for the
+    writers' (PostgresDatabase.connect)."""
+    return ((() if parallel_query else (("max_parallel_workers_per_gather", "0"),))
+            + (() if jit else (("jit", "off"),)))
+
+
+def _connection_options(url: str, lock_timeout_ms: int,
+                        settings: tuple[tuple[str, str], ...] = ()) -> dict:
+    """psycopg's connection arguments. lock_timeout bounds the wait for the write lock
+    (BEGIN IMMEDIATE), row locks and a table another session holds; SQLite's busy_timeout
+    is the same bound. It and `settings` are the session's defaults from its start (the
+    startup packet's `options`, after the URL's own), never a SET: a pooler in transaction
+    mode would leave a SET on the server connection for its next client. Each transaction
+    Tally opens sets them again for itself (PostgresConnection.begin), so they hold behind
+    such a pooler too, where the startup `options` are not applied."""
     options = {"autocommit": True, "connect_timeout": max(1, lock_timeout_ms // 1000),
                "prepare_threshold": None}
     if "application_name=" not in url:
         options["application_name"] = "tally"
+    pairs = [("lock_timeout", str(int(lock_timeout_ms))), *settings]
+    own = conninfo_to_dict(url).get("options")
+    options["options"] = " ".join([*([own] if own else []),
+                                   *(f"-c {name}={value}" for name, value in pairs)])
     return options
 
 
-def _configure(raw: psycopg.Connection, lock_timeout_ms: int,
-               parallel_query: bool = True) -> None:
+def _configure(raw: psycopg.Connection) -> None:
     _adapt(raw)
-    if not parallel_query:
-        raw.execute("SET max_parallel_workers_per_gather = 0")
-    # lock_timeout bounds the wait for the write lock (BEGIN IMMEDIATE) and for row locks;
-    # SQLite's busy_timeout is the same bound. UTC keeps any date function deterministic.
-    raw.execute(f"SET lock_timeout = {int(lock_timeout_ms)}")  # sql-safe: an int
+    # UTC keeps any date function deterministic. PgBouncer keeps TimeZone per client.
     raw.execute("SET TIME ZONE 'UTC'")
     # A COMMIT returns once it is on disk, as with SQLite's synchronous = FULL: a server or URL
     # that turns synchronous_commit off is overruled (stronger settings, remote_apply, stay).
@@ -499,10 +636,11 @@ def _configure(raw: psycopg.Connection, lock_timeout_ms: int,
                 " WHERE current_setting('synchronous_commit') = 'off'")
 
 
-def _connect(url: str, lock_timeout_ms: int) -> PostgresConnection:
-    raw = psycopg.connect(url, **_connection_options(url, lock_timeout_ms))
-    _configure(raw, lock_timeout_ms)
-    return PostgresConnection(raw, lock_timeout_ms)
+def _connect(url: str, lock_timeout_ms: int,
+             settings: tuple[tuple[str, str], ...] = ()) -> PostgresConnection:
+    raw = psycopg.connect(url, **_connection_options(url, lock_timeout_ms, settings))
+    _configure(raw)
+    return PostgresConnection(raw, lock_timeout_ms, settings=settings)
 
 
 def connect_as_is(url: str, lock_timeout_ms: int = BUSY_TIMEOUT_MS) -> PostgresConnection:
@@ -576,11 +714,12 @@ class PostgresDatabase:
         self.busy_timeout_ms = int(busy_timeout_ms)
         self.pool_size = int(pool_size)
         self.parallel_query = parallel_query
-        lock_timeout_ms = self.busy_timeout_ms
+        self.settings = _settings(parallel_query=parallel_query)
         self.replica = None if not read_url else Replica(
             read_url, replica_max_lag, pool_size=self.pool_size,
-            connection_options=_connection_options(read_url, lock_timeout_ms),
-            configure=lambda raw: _configure(raw, lock_timeout_ms, parallel_query))
+            connection_options=_connection_options(read_url, self.busy_timeout_ms,
+                                                   self.settings),
+            configure=_configure)
         self._pool: ConnectionPool | None = None
         self._pool_pid: int | None = None
         self._pool_lock = threading.Lock()
@@ -598,20 +737,19 @@ class PostgresDatabase:
         again are prepared on the server (parsed and planned once), for a connection that
         runs few statements many times (the payment writer's, the flush thread's), unless
         prepared statements are off for this database."""
+        # The writers' own connections (the flush, payments, moves) run short statements
+        # over many rows, whose plans the server may cost past jit_above_cost when a
+        # table's statistics are stale: compiling one took 0.2 s, far more than the run.
+        settings = _settings(parallel_query=self.parallel_query, jit=False)
         try:
-            conn = _connect(self.url, self.busy_timeout_ms)
+            conn = _connect(self.url, self.busy_timeout_ms if busy_timeout_ms is None
+                            else busy_timeout_ms, settings)
         except psycopg.Error as exc:
             raise storage_error(exc) from exc
         try:
-            # The writers' own connections (the flush, payments, moves) run short statements
-            # over many rows, whose plans the server may cost past jit_above_cost when a
-            # table's statistics are stale: compiling one took 0.2 s, far more than the run.
-            conn.raw.execute("SET jit = off")
             if prepared and self.prepared_statements:
                 conn.raw.prepare_threshold = PREPARE_THRESHOLD
             self._ensure_schema(conn)
-            if busy_timeout_ms is not None:
-                conn.set_lock_timeout(busy_timeout_ms)
         except BaseException:
             conn.close()
             raise
@@ -631,9 +769,11 @@ class PostgresDatabase:
             if raw is None:  # the replica did not answer: this read goes to the primary
                 local.replica_reads = False
             else:
-                local.conn = PostgresConnection(raw, self.busy_timeout_ms, replica=True)
+                local.conn = PostgresConnection(raw, self.busy_timeout_ms, replica=True,
+                                                settings=self.settings)
         if raw is None:
-            local.conn = PostgresConnection(self._borrow(), self.busy_timeout_ms)
+            local.conn = PostgresConnection(self._borrow(), self.busy_timeout_ms,
+                                            settings=self.settings)
         local.pid = os.getpid()
         try:
             if not local.conn.replica:
@@ -694,7 +834,8 @@ class PostgresDatabase:
         local = self._local
         writer = getattr(local, "writer", None)
         if writer is None or writer.closed:
-            writer = local.writer = PostgresConnection(self._borrow(), self.busy_timeout_ms)
+            writer = local.writer = PostgresConnection(self._borrow(), self.busy_timeout_ms,
+                                                       settings=self.settings)
         if writer.lock_wait_ms != reader.lock_wait_ms:
             writer.set_lock_timeout(reader.lock_wait_ms)
         return writer
@@ -746,11 +887,6 @@ class PostgresDatabase:
             if lent.replica:
                 self.replica.putconn(lent.raw)
                 continue
-            if lent.lock_wait_ms != self.busy_timeout_ms and not lent.closed:
-                try:
-                    lent.set_lock_timeout(self.busy_timeout_ms)
-                except psycopg.Error:
-                    lent.close()
             pool = self._pool
             if pool is not None and self._pool_pid == os.getpid():
                 pool.putconn(lent.raw)
@@ -764,9 +900,8 @@ class PostgresDatabase:
                 # A process opens its pool after the fork; a parent's pool is left alone.
                 self._pool = ConnectionPool(
                     self.url, min_size=1, max_size=self.pool_size, open=True, name="tally",
-                    kwargs=_connection_options(self.url, lock_timeout_ms),
-                    configure=lambda raw: _configure(raw, lock_timeout_ms,
-                                                     self.parallel_query),
+                    kwargs=_connection_options(self.url, lock_timeout_ms, self.settings),
+                    configure=_configure,
                     # A connection the server ended (restart, failover) is replaced at
                     # checkout instead of failing the request that draws it.
                     check=ConnectionPool.check_connection,
@@ -926,7 +1061,7 @@ class PostgresDatabase:
     def snapshot(self, conn: PostgresConnection | None = None):
         """A read transaction at REPEATABLE READ: every query inside sees one state."""
         conn = conn or self.conn()
-        conn.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        conn.begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
             yield conn
         finally:
@@ -937,7 +1072,7 @@ class PostgresDatabase:
         try:
             conn = self.connect()
             try:
-                conn.raw.execute("BEGIN")
+                conn.begin()
                 conn.raw.execute("SELECT version FROM tally_schema_version FOR UPDATE")
                 conn.raw.execute("ROLLBACK")
             finally:

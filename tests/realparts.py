@@ -1,5 +1,5 @@
 """Real parts the machine may lack: headless Chromium (through Debian's chromium and
-chromium-driver) and nginx. `make test` installs them when it can (scripts/system-deps.sh).
+chromium-driver), nginx and pgbouncer. `make test` installs them when it can (scripts/system-deps.sh).
 A test that needs one skips loudly when it is missing, except under CI=true, where it fails.
 """
 

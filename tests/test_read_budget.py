@@ -79,6 +79,21 @@ def test_a_write_the_budget_cuts_short_is_rolled_back(store):
     assert store.conn().execute("SELECT count(*) FROM traffic_days").fetchone()[0] == 1
 
 
+def test_a_write_outside_a_transaction_is_kept_when_a_later_read_is_stopped(store):
+    """Reads under a budget may share a transaction of the budget's own (PostgreSQL: its
+    statement_timeout is SET LOCAL); a write outside the caller's transactions is still
+    committed on its own, as without a budget."""
+    with pytest.raises(ReadBudgetExceeded):
+        with store.read_budget(0.05):
+            conn = store.conn()
+            assert conn.execute("SELECT count(*) FROM traffic_days").fetchone()[0] == 0
+            conn.execute(ONE_DAY)
+            conn.execute(FOREVER).fetchone()
+    conn = store.conn()
+    assert not conn.in_transaction
+    assert conn.execute("SELECT count(*) FROM traffic_days").fetchone()[0] == 1
+
+
 def test_within_a_budget_an_inner_one_changes_nothing(store):
     clock = FakeClock(0)
     with pytest.raises(ReadBudgetExceeded):
