@@ -86,6 +86,18 @@ def test_rows_are_stored_as_a_full_insert_stores_them_in_their_order(databases, 
     assert [row[2] for row in stored[0]] == list(range(len(rows)))
 
 
+@pytest.mark.parametrize("text", ["nul\x00", "private \ue000 use", "\ue000", "\\ \ue000",
+                                  "\ue0ff\uefff", '"\x00"'])
+def test_a_nul_or_the_escape_character_alone_is_stored_as_sent(databases, text):
+    """Each in a row of its own, so a batch's one check must find it by itself."""
+    sparse, full = databases
+    row = variant(title=text, uid=text)
+    SparseInsert("events", EVENT_COLUMNS).write(sparse, [row])
+    full.executemany(FULL_INSERT, [row])
+    stored = [conn.execute("SELECT title, uid FROM events").fetchall() for conn in databases]
+    assert stored[0] == stored[1] == [(text, text)]
+
+
 @pytest.mark.parametrize("row", [PLAIN[:-1], [*PLAIN, None], [*PLAIN, 1]])
 def test_a_row_of_the_wrong_length_is_refused(databases, row):
     with pytest.raises(ValueError, match=f"{len(row)} values for {len(EVENT_COLUMNS)} columns"):
