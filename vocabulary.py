@@ -10,6 +10,19 @@ from __future__ import annotations
 DAY_MS = 86_400_000
 HOUR_MS = 3_600_000
 
+# A dated visitor id (a daily ip + ua one under a dated salt, or a browser id of the dated
+# shape): bit 63 clear, bits 48..62 `1 + day % DAY_PERIOD` (never 0, so no id is 0, the
+# erased visitor's), bits 0..47 a keyed hash. One day's new visitors fall in one range of
+# the (site_id, visitor_id) index.
+DAY_SHIFT = 48  # a dated id's hash bits
+DAY_PERIOD = 2**15 - 1  # a dated id's day field holds 1 + day % DAY_PERIOD
+
+
+def day_bits(day: int) -> int:
+    """The high bits of every dated id of UTC `day` (days since 1970)."""
+    return (1 + day % DAY_PERIOD) << DAY_SHIFT
+
+
 # Event names with a meaning of their own; any other name is a custom event.
 PAGEVIEW = "pageview"
 IDENTIFY = "$identify"  # links a uid to the visitor; opens no session

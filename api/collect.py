@@ -33,7 +33,8 @@ from validation.event import MAX_BODY_BYTES, MESSAGES, SINGLE_FIELDS, InvalidEve
 from vocabulary import IDENTIFY
 
 COLLECT_FIELDS = (SINGLE_FIELDS - {"ip", "ua"}) | {"v", "uh"}
-V_MESSAGE = "must be the visitor id of tally.js, 32 lower-case hexadecimal digits"
+V_MESSAGE = ("must be the visitor id of tally.js, 32 lower-case hexadecimal digits,"
+             " optionally after 4 such digits and a dot")
 UH_MESSAGE = (f"must be a string of at most {HASH_MAX_CHARS} characters, sent with $identify"
               " only (the hex HMAC-SHA256 of uid under the site's identity secret)")
 CORS_HEADERS = {"Access-Control-Allow-Origin": "*"}

@@ -1,10 +1,12 @@
 """Browser visitor ids: the `tally_vid` cookie of the tracking script.
 
-The script sends a random id of 128 bits (32 lower-case hex digits) with every event.
-Such events are stored under `browser_visitor_id`: BLAKE2b keyed with one secret of the
-installation that never rotates, over the site and the id, as a signed 64-bit integer
-like the daily ip+ua ids. So a browser is the same visitor on every day, two sites never
-share an id, and nobody can choose the stored id of another visitor.
+The script sends a random id of 128 bits (32 lower-case hex digits) with every event,
+after the UTC day the cookie was made (`dddd.`, 4 hex digits) in cookies written since
+it dated them. Such events are stored under `browser_visitor_id`: BLAKE2b keyed with one
+secret of the installation that never rotates, over the site and the id, as a signed
+64-bit integer like the daily ip+ua ids (a dated cookie's id carries its day as a dated
+daily id does). So a browser is the same visitor on every day, two sites never share an
+id, and nobody can choose the stored id of another visitor.
 
 The flush step `BrowserVisitors.apply` also links the day's ip+ua id of each such event
 to the browser's visitor; events without a browser id (the events API, cookieless mode)

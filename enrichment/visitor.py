@@ -22,11 +22,9 @@ from collections.abc import Callable
 from storage.connection import Connection
 from storage.db import Database
 from storage.salts import Salt, delete_salts_before, insert_salt, read_salt
-from vocabulary import DAY_MS
+from vocabulary import DAY_MS, DAY_SHIFT, day_bits
 
 SALT_BYTES = 32
-DAY_SHIFT = 48  # a dated id's hash bits
-DAY_PERIOD = 2**15 - 1  # a dated id's day field holds 1 + day % DAY_PERIOD
 
 
 def utc_day(ms: int) -> int:
@@ -39,11 +37,6 @@ def visitor_id(salt: bytes, site_id: int, ip_packed: bytes, ua: str,
     """A signed 64-bit integer, the form the events table stores: under a dated salt of
     `day`, or an undated one when `day` is None."""
     return hashed_visitor_id(visitor_hasher(salt, site_id, day), ip_packed, ua)
-
-
-def day_bits(day: int) -> int:
-    """The high bits of every id a dated salt of `day` gives."""
-    return (1 + day % DAY_PERIOD) << DAY_SHIFT
 
 
 def visitor_hasher(salt: bytes, site_id: int, day: int | None):

@@ -14,10 +14,14 @@ import orjson
 
 from storage.db import Database
 from storage.statements import statement
+from vocabulary import DAY_SHIFT, day_bits
 
 KEY_BYTES = 32
-_BROWSER_ID = re.compile(r"[0-9a-f]{32}")
-_PERSON = b"tally.browser.id"  # BLAKE2b personalisation: never equal to a daily hash
+_BROWSER_ID = re.compile(r"(?:[0-9a-f]{4}\.)?[0-9a-f]{32}")
+UNDATED_CHARS = 32
+# BLAKE2b personalisations: never equal to a daily hash's, nor to each other's.
+_PERSON = b"tally.browser.id"
+_DATED_PERSON = b"tally.browser.dt"
 
 
 _BROWSER_ID_KEY = statement("SELECT key FROM browser_id_key WHERE id = 1")
@@ -36,15 +40,24 @@ _PRUNE_LINKS = statement("DELETE FROM browser_links WHERE day < ?")
 
 
 def is_browser_id(value: object) -> bool:
-    """What the script's tally_vid cookie holds: 32 lower-case hex digits (128 bits)."""
+    """What the script's tally_vid cookie holds: `dddd.` and 32 lower-case hex digits (128
+    random bits), dddd the UTC day it was made (days since 1970, 4 hex digits), or the 32
+    digits alone, as cookies the script wrote before it dated them keep."""
     return type(value) is str and _BROWSER_ID.fullmatch(value) is not None
 
 
 def browser_visitor_id(key: bytes, site_id: int, browser_id: str) -> int:
-    """The signed 64-bit visitor id a browser id is stored under on a site."""
-    digest = hashlib.blake2b(site_id.to_bytes(8, "big", signed=True) + browser_id.encode(),
-                             key=key, digest_size=8, person=_PERSON).digest()
-    return int.from_bytes(digest, "big", signed=True)
+    """The signed 64-bit visitor id a browser id is stored under on a site: of the dated
+    shape, a dated id of the cookie's day (vocabulary.day_bits over a 48-bit keyed hash,
+    so a day's new browsers fall in one range of the visitor index); of the undated one,
+    a 64-bit keyed hash, as ever (every existing cookie keeps its visitor)."""
+    data = site_id.to_bytes(8, "big", signed=True) + browser_id.encode()
+    if len(browser_id) == UNDATED_CHARS:
+        digest = hashlib.blake2b(data, key=key, digest_size=8, person=_PERSON).digest()
+        return int.from_bytes(digest, "big", signed=True)
+    digest = hashlib.blake2b(data, key=key, digest_size=DAY_SHIFT // 8,
+                             person=_DATED_PERSON).digest()
+    return day_bits(int(browser_id[:4], 16)) | int.from_bytes(digest, "big")
 
 
 def browser_id_key(conn: sqlite3.Connection, random_bytes: Callable[[int], bytes], now_ms: int,

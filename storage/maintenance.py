@@ -639,7 +639,8 @@ def erase_visitor(db: Database, site_id: int, visitor_id: int, now_ms: int) -> V
 
 def visitor_id_of(db: Database, site_id: int, given: str) -> int:
     """The stored visitor id: a signed 64-bit decimal as stored, or the tally_vid browser
-    id of the tracking script (32 hex digits), translated as the flush does."""
+    id of the tracking script (storage.browser_ids.is_browser_id), translated as the flush
+    does."""
     if is_browser_id(given):
         row = db.conn().execute(_BROWSER_KEY).fetchone()
         if row is None:

@@ -11,6 +11,7 @@ every new document hides it, except in the test that checks the silence.
 
 from __future__ import annotations
 
+import re
 import socketserver
 import threading
 import time
@@ -314,10 +315,14 @@ def test_identify_links_the_user_to_the_browser_visitor_only_with_its_hash(world
 
 def test_the_cookie_keeps_one_visitor_across_loads_and_days(world, driver):
     site = world.new_site()
+    started_day = int(time.time()) // 86_400
     load(driver, world.url(site, "/plain"))
     cookie = driver.get_cookie("tally_vid")
     assert cookie["value"] == driver.execute_script("return tally.visitorId()")
-    assert len(cookie["value"]) == 32 and int(cookie["value"], 16) >= 0
+    # A new browser's: the UTC day it was made (4 hex digits), a dot, 128 random bits.
+    day, random_bits = cookie["value"].split(".")
+    assert re.fullmatch("[0-9a-f]{4}", day) and re.fullmatch("[0-9a-f]{32}", random_bits)
+    assert started_day <= int(day, 16) <= int(time.time()) // 86_400
     assert cookie["sameSite"] == "Lax" and cookie["path"] == "/"
     assert cookie["expiry"] > time.time() + 360 * 86_400
     load(driver, world.url(site, "/plain", load="2"))
@@ -328,7 +333,22 @@ def test_the_cookie_keeps_one_visitor_across_loads_and_days(world, driver):
     assert driver.get_cookie("tally_vid")["value"] == cookie["value"]
     assert first["visitor_id"] == second["visitor_id"] == next_day["visitor_id"] == (
         world.browser_visitor(site, cookie["value"]))
+    assert first["visitor_id"] >> 48 == 1 + int(day, 16) % 32_767
     assert first["session_id"] == second["session_id"] != next_day["session_id"]
+
+
+@pytest.mark.parametrize("kept", ["0123456789abcdef0123456789abcdef",  # made before dating
+                                  "4e20.fedcba9876543210fedcba9876543210"])
+def test_a_cookie_of_either_shape_is_kept_and_sent_as_it_is(world, driver, kept):
+    site = world.new_site()
+    driver.execute_cdp_cmd("Network.setCookie", {"name": "tally_vid", "value": kept,
+                                                 "domain": "shop.test", "path": "/"})
+    load(driver, world.url(site, "/plain"))
+    assert driver.execute_script("return tally.visitorId()") == kept
+    [event] = world.events(site, 1)
+    cookie = driver.get_cookie("tally_vid")
+    assert cookie["value"] == kept and cookie["expiry"] > time.time() + 360 * 86_400
+    assert event["visitor_id"] == world.browser_visitor(site, kept)
 
 
 def test_cookieless_mode_sets_no_cookie_and_uses_the_daily_hash(world, driver):

@@ -56,7 +56,11 @@ def test_client_ip_reads_framework_requests():
     ("theme=dark; tally_vid=5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f; x=1", "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"),
     ({"HTTP_COOKIE": "tally_vid=5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f", "REMOTE_ADDR": "1.2.3.4"},
      "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"),
+    ({"tally_vid": "50ed.5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"}, "50ed.5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"),
+    ("x=1; tally_vid=50ed.5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f", "50ed.5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"),
     ({"tally_vid": "short"}, None),
+    ({"tally_vid": "50ED.5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"}, None),
+    ({"tally_vid": "50ed5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f"}, None),
     ({"tally_vid": "5F0C3A9E1B7D4C2A8E6F0B1D3C5A7E9F"}, None),  # the script writes lower case
     ({"tally_vid": "<script>alert(1)</script>"}, None),
     ("tally_vid=" + "a" * 33, None),
@@ -148,7 +152,10 @@ def test_events_are_stamped_when_queued():
 
 @pytest.mark.parametrize("value", ["5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f", "5F0C3A9E1B7D4C2A8E6F0B1D3C5A7E9F",
                                    "5f0c3a9e", "0" * 32, "g" * 32, "12345678901234567890",
-                                   "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f0"])
+                                   "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f0",
+                                   "50ed.5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f", "ffff." + "0" * 32,
+                                   "50e.5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f", "50ed:" + "0" * 32,
+                                   "50ed." + "0" * 31, "50eD." + "0" * 32, "0" * 32 + ".50ed"])
 def test_the_cookie_helper_accepts_exactly_the_ids_the_server_accepts(value):
     from storage.browser_ids import is_browser_id
 

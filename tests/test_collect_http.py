@@ -200,9 +200,11 @@ def test_links_of_days_before_yesterday_are_forgotten(client, site, tally, db_pa
      "invalid event input: b: unknown field"),
     ({"s": "x", "e": "pageview", "u": "ftp://example.com/"},
      "invalid event input: u: required, an absolute http or https URL of at most 2048 bytes"),
-    ({"s": "x", "e": "pageview", "u": "https://example.com/", "v": "ABC"},
-     "invalid event input: v: must be the visitor id of tally.js, "
-     "32 lower-case hexadecimal digits"),
+    *(({"s": "x", "e": "pageview", "u": "https://example.com/", "v": v},
+       "invalid event input: v: must be the visitor id of tally.js, "
+       "32 lower-case hexadecimal digits, optionally after 4 such digits and a dot")
+      for v in ("ABC", BROWSER.upper(), "5131" + BROWSER, "513." + BROWSER, "5131." + BROWSER[1:],
+                "5131-" + BROWSER, "5I31." + BROWSER, "." + BROWSER, BROWSER + ".5131", 5131)),
     ([1], "invalid event input: body: must be a JSON object"),
 ])
 def test_messages_are_those_of_the_events_api(client, body, message):

@@ -23,15 +23,14 @@
 
   var visitor = null;
   if (!cookieless) {
-    var found = d.cookie.match(/(?:^|;\s*)tally_vid=([0-9a-f]{32})(?:;|$)/);
+    var found = d.cookie.match(/(?:^|;\s*)tally_vid=((?:[0-9a-f]{4}\.)?[0-9a-f]{32})(?:;|$)/);
     if (found) {
       visitor = found[1];
     } else {
-      var bytes = new Uint8Array(16);
-      crypto.getRandomValues(bytes);
-      visitor = [].map.call(bytes, function (b) {
-        return (b + 256).toString(16).slice(1);
-      }).join("");
+      visitor = (Date.now() / 864e5 + 65536 | 0).toString(16).slice(1) + "." +
+        [].map.call(crypto.getRandomValues(new Uint8Array(16)), function (b) {
+          return (b + 256).toString(16).slice(1);
+        }).join("");
     }
     /* Written on every load: the year runs from the latest visit. */
     d.cookie = "tally_vid=" + visitor + "; Max-Age=31536000; Path=/; SameSite=Lax" +

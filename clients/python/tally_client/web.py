@@ -16,9 +16,10 @@ from http.cookies import CookieError, SimpleCookie
 
 LOOPBACK = ("127.0.0.0/8", "::1/128")
 VISITOR_COOKIE = "tally_vid"
-# What the browser script writes (and the server accepts as customer.visitor_id):
-# 32 lower-case hex digits, 128 random bits.
-_VISITOR_ID = re.compile(r"[0-9a-f]{32}")
+# What the browser script writes (and the server accepts as customer.visitor_id): 32
+# lower-case hex digits, 128 random bits, after `dddd.` (the UTC day the cookie was made,
+# 4 hex digits) in cookies written since the script dated them.
+_VISITOR_ID = re.compile(r"(?:[0-9a-f]{4}\.)?[0-9a-f]{32}")
 
 
 def _address(text: str | None):
