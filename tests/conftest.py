@@ -100,6 +100,20 @@ def wait_until(condition, timeout: float = WAIT, interval: float = 0.01) -> bool
         interval = min(interval * 1.5, 0.25)
 
 
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM,
+                 timeout: float = WAIT) -> int:
+    """`sig` to a process still running, then its exit status; killed if it outlives
+    `timeout` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "sqlite_only: checks the SQLite file itself; not run on PostgreSQL")
@@ -718,15 +732,9 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = WAIT) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        status = stop_process(self.proc, sig, timeout)
         self._log.close()
-        return self.proc.returncode
+        return status
 
 
 @pytest.fixture

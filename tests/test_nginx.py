@@ -28,6 +28,7 @@ from tests.conftest import (
     http,
     provision,
     rows,
+    stop_process,
 )
 from tests.realparts import require
 from tests.routes import operations
@@ -99,13 +100,7 @@ class Proxy:
                 time.sleep(0.05)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)
-            try:
-                self.proc.wait(WAIT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, signal.SIGQUIT)
 
 
 class Stack:

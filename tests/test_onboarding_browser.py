@@ -26,6 +26,7 @@ from tests.conftest import (
     database_env,
     free_port,
     http,
+    stop_process,
     wait_until,
 )
 from tests.realparts import require
@@ -67,15 +68,9 @@ class TallyServe:
             return probe.connect_ex(("127.0.0.1", self.port)) == 0
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(WAIT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        status = stop_process(self.proc)
         self._log.close()
-        return self.proc.returncode
+        return status
 
 
 @pytest.fixture

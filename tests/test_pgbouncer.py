@@ -43,6 +43,7 @@ from tests.conftest import (
     http,
     provision,
     run_cli,
+    stop_process,
     wait_until,
 )
 from tests.realparts import postgres_admin, require
@@ -138,14 +139,8 @@ ignore_startup_parameters = options
         return (self.folder / "pgbouncer.log").read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(WAIT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
         if self.proc is not None:
+            stop_process(self.proc)
             self._log.close()
 
     def _drop(self, admin) -> None:
