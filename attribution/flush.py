@@ -54,13 +54,14 @@ def decide_sessions(conn: Connection, rows: Sequence[EventRow],
     if not rows:
         return SessionPlan([], None, [], [])
     hits = []
+    append = hits.append
     for row, previous_visitor in zip(rows, previous_visitor_ids, strict=True):
+        # One concatenation of two tuples: `(*head, ...)` builds a list first.
         if row[_CAMPAIGN] == _NO_CAMPAIGN:
-            utm, click_ids = _NO_UTM, ()
+            append(_hit(_head(row) + (_NO_UTM, (), row[_UID], previous_visitor)))
         else:
-            utm = _utm(row)
             click_ids = tuple(key for key, index in _click_columns if row[index])
-        hits.append(_hit((*_head(row), utm, click_ids, row[_UID], previous_visitor)))
+            append(_hit(_head(row) + (_utm(row), click_ids, row[_UID], previous_visitor)))
     for index in unlinked:
         hits[index] = hits[index]._replace(uid=None)
     return _writer.decide(conn, hits)

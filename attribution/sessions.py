@@ -81,14 +81,15 @@ _landing = partial(tuple.__new__, Landing)
 def landing_of(hit: Hit, site_hosts: Collection[str], touches: dict | None = None) -> Landing:
     """touches: an optional memo of classify_visit for one site's hosts (pure, and
     a batch's first events share a few referrers and UTM sets)."""
-    key = (hit.referrer_host, hit.utm, hit.click_ids)
+    # Unpacked in one step: a NamedTuple's field names are Python-level lookups.
+    _, _, _, _, url, pathname, referrer, referrer_host, utm, click_ids, _, _ = hit
+    key = (referrer_host, utm, click_ids)
     touch = touches.get(key) if touches is not None else None
     if touch is None:
         touch = _touch(hit, site_hosts)
         if touches is not None:
             touches[key] = touch
-    return _landing((touch.source, touch.channel, hit.referrer or None, hit.url, hit.pathname,
-                     hit.utm))
+    return _landing((touch.source, touch.channel, referrer or None, url, pathname, utm))
 
 
 def _touch(hit: Hit, site_hosts: Collection[str]) -> Touch:
@@ -206,11 +207,13 @@ class _Visits:
 
     def write_new(self, conn: Connection) -> None:
         """The new sessions (with their final ids)."""
+        # A Landing is (source, channel, referrer, landing_page, entry_path, utm): read by
+        # position, and each row made by concatenating tuples, all in C.
         insert_sessions(conn, [
-            (s.id, s.site_id, s.visitor_id, s.started_at, s.last_seen_at, s.landing.channel,
-             s.landing.source, s.landing.referrer, s.landing.landing_page,
-             s.landing.entry_path, *s.landing.utm, s.pageviews, s.custom_events)
-            for s in self.new])
+            (s.id, s.site_id, s.visitor_id, s.started_at, s.last_seen_at, landing[1],
+             landing[0], landing[2], landing[3], landing[4]) + landing[5]
+            + (s.pageviews, s.custom_events)
+            for s in self.new for landing in (s.landing,)])
 
     def write_changes(self, conn: Connection, touched: Iterable[_Session]) -> None:
         """After write_new: earlier starts, counts and new visitor ids of stored sessions.
@@ -284,7 +287,7 @@ class SessionWriter:
         for key, indexes in groups.items():
             if len(indexes) > 1:
                 indexes.sort(key=lambda i: hits[i].ts)
-            ordered_groups.append((hits[indexes[0]].ts, key, indexes))
+            ordered_groups.append((hits[indexes[0]][2], key, indexes))
         del groups
         # Earliest visitor first: a batch spanning midnight holds yesterday's id (which
         # opens the visit) and today's (which must find it through previous_visitor_id).

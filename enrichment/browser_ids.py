@@ -23,6 +23,9 @@ from storage import browser_ids as store
 from storage.browser_ids import browser_visitor_id, is_browser_id
 from storage.connection import Connection
 from storage.db import Database
+from storage.events import EventRow, new_event_row
+
+_VISITOR = EventRow._fields.index("visitor_id")
 
 __all__ = ["BrowserIds", "BrowserVisitors", "browser_visitor_id", "is_browser_id"]
 
@@ -64,23 +67,36 @@ class BrowserVisitors:
     def resolve(self, conn: Connection, batch) -> list[tuple]:
         """apply() without its writes (reads only): the rows' visitors replaced, and the
         links to write (write())."""
-        pairs = [(unit, event) for unit in batch.units for event in unit.events]
         rows = batch.rows
-        if len(pairs) != len(rows):
+        if sum(len(unit.events) for unit in batch.units) != len(rows):
             return []
         links: dict[tuple[int, int], tuple[int, int, int]] = {}  # (site, daily) -> link
         others: dict[int, list[int]] = {}  # site -> indexes of rows with only an ip+ua id
-        for index, ((unit, event), row) in enumerate(zip(pairs, rows, strict=True)):
-            daily = row.visitor_id
-            if unit.browser_id is not None:
-                visitor = self.ids.visitor_id(conn, unit.site_id, unit.browser_id)
-                rows[index] = row._replace(visitor_id=visitor)
+        key = None
+        index = 0
+        for unit in batch.units:
+            site_id, browser_id = unit.site_id, unit.browser_id
+            if browser_id is None:
+                for row in rows[index:index + len(unit.events)]:
+                    if row[_VISITOR] is not None:
+                        others.setdefault(site_id, []).append(index)
+                    index += 1
+                continue
+            if key is None:
+                key = self.ids.key(conn)
+            # One id a unit: its events share the browser.
+            visitor = browser_visitor_id(key, site_id, browser_id)
+            day = unit.day
+            for event in unit.events:
+                row = rows[index]
+                daily = row[_VISITOR]
+                # A row with its visitor replaced, made in C (EventRow._replace is Python).
+                rows[index] = new_event_row(row[:_VISITOR] + (visitor,) + row[_VISITOR + 1:])
+                index += 1
                 if daily is not None:
-                    seen = links.get((unit.site_id, daily))
+                    seen = links.get((site_id, daily))
                     if seen is None or event.ts >= seen[2]:
-                        links[(unit.site_id, daily)] = (visitor, unit.day, event.ts)
-            elif daily is not None:
-                others.setdefault(unit.site_id, []).append(index)
+                        links[(site_id, daily)] = (visitor, day, event.ts)
         sites_linking = {site_id for site_id, _ in links}
         for site_id, indexes in others.items():
             if site_id in sites_linking or store.site_has_links(conn, site_id):
@@ -91,7 +107,8 @@ class BrowserVisitors:
                 for i in indexes:
                     visitor = found.get(rows[i].visitor_id)
                     if visitor is not None:
-                        rows[i] = rows[i]._replace(visitor_id=visitor)
+                        row = rows[i]
+                        rows[i] = new_event_row(row[:_VISITOR] + (visitor,) + row[_VISITOR + 1:])
         return [(site_id, daily, visitor, day, seen)
                 for (site_id, daily), (visitor, day, seen) in links.items()]
 

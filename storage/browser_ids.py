@@ -52,12 +52,31 @@ def browser_visitor_id(key: bytes, site_id: int, browser_id: str) -> int:
     so a day's new browsers fall in one range of the visitor index); of the undated one,
     a 64-bit keyed hash, as ever (every existing cookie keeps its visitor)."""
     data = site_id.to_bytes(8, "big", signed=True) + browser_id.encode()
+    hashers = _hashers.get(key)
+    if hashers is None:
+        hashers = _keyed(key)
     if len(browser_id) == UNDATED_CHARS:
-        digest = hashlib.blake2b(data, key=key, digest_size=8, person=_PERSON).digest()
-        return int.from_bytes(digest, "big", signed=True)
-    digest = hashlib.blake2b(data, key=key, digest_size=DAY_SHIFT // 8,
-                             person=_DATED_PERSON).digest()
-    return day_bits(int(browser_id[:4], 16)) | int.from_bytes(digest, "big")
+        blake = hashers[0].copy()
+        blake.update(data)
+        return int.from_bytes(blake.digest(), "big", signed=True)
+    blake = hashers[1].copy()
+    blake.update(data)
+    return day_bits(int(browser_id[:4], 16)) | int.from_bytes(blake.digest(), "big")
+
+
+# key -> (undated, dated) BLAKE2b keyed and personalised, nothing hashed yet: a copy of one
+# then hashes an id with the same result as a keyed BLAKE2b made for it, in half its time
+# (a keyed BLAKE2b compresses its key's block when made). An installation has one key.
+_hashers: dict[bytes, tuple] = {}
+
+
+def _keyed(key: bytes) -> tuple:
+    if len(_hashers) >= 4:
+        _hashers.clear()
+    hashers = _hashers[key] = (
+        hashlib.blake2b(key=key, digest_size=8, person=_PERSON),
+        hashlib.blake2b(key=key, digest_size=DAY_SHIFT // 8, person=_DATED_PERSON))
+    return hashers
 
 
 def browser_id_key(conn: sqlite3.Connection, random_bytes: Callable[[int], bytes], now_ms: int,
