@@ -49,7 +49,31 @@ class TallyThreadWorker(ThreadWorker):
         # SIGTERM or SIGQUIT ends the loop at once instead of after its 1 s select, so a
         # stop (a deploy, a restart) is that much shorter.
         self.poller.register(self.PIPE[0], selectors.EVENT_READ, self._woken)
-        super().run()
+        self._serve()
+
+    def _serve(self):
+        """gthread's loop, less its `futures.wait(self.futures, timeout=0)` on every pass
+        (9-21 us of Python a pass with 1-16 requests in flight, a pass or more a request):
+        finish_request drops each finished future from self.futures instead."""
+        for sock in self.sockets:
+            sock.setblocking(False)
+            server = sock.getsockname()
+            self.poller.register(sock, selectors.EVENT_READ, partial(self.accept, server))
+        while self.alive:
+            self.notify()
+            if self.nr_conns < self.worker_connections:
+                for key, _ in self.poller.select(1.0):
+                    key.data(key.fileobj)
+            else:
+                futures.wait(self.futures, timeout=1.0, return_when=futures.FIRST_COMPLETED)
+            if not self.is_parent_alive():
+                break
+            self.murder_keepalived()
+        self.tpool.shutdown(False)
+        self.poller.close()
+        for sock in self.sockets:
+            sock.close()
+        futures.wait(self.futures, timeout=self.cfg.graceful_timeout)
 
     def _woken(self, fd):
         try:
@@ -74,7 +98,12 @@ class TallyThreadWorker(ThreadWorker):
 
     def finish_request(self, fs):
         """gthread's, less `setblocking(False)`: a socket with a timeout is already
-        non-blocking underneath, and the poller only watches its descriptor."""
+        non-blocking underneath, and the poller only watches its descriptor; and the
+        future leaves self.futures here, not in the loop."""
+        try:
+            self.futures.remove(fs)
+        except ValueError:
+            pass
         if fs.cancelled():
             self.nr_conns -= 1
             fs.conn.close()
