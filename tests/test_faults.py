@@ -313,8 +313,9 @@ def test_sigkill_of_one_worker_loses_at_most_its_unflushed_queue(db_path):
 
 
 def test_a_stalled_client_holds_only_its_own_connection(db_path):
-    """A client that stops mid-request holds one thread for at most READ_TIMEOUT seconds
-    (serving/worker.py): the worker keeps serving and is never aborted."""
+    """A client that stops mid-request, here the second request of a keep-alive
+    connection, holds one thread for at most READ_TIMEOUT seconds (serving/worker.py): the
+    worker keeps serving and is never aborted."""
     import socket
 
     from serving.worker import READ_TIMEOUT
@@ -327,6 +328,18 @@ def test_a_stalled_client_holds_only_its_own_connection(db_path):
         assert len(acked) == 20
         (worker,) = worker_pids(master)
         with socket.create_connection(("127.0.0.1", server.port)) as stalled:
+            # A keep-alive connection: one whole request answered, then the next one stops
+            # (its socket's timeout is set on its first request and kept between requests).
+            body = orjson.dumps(event(world["site"], "/e/23"))
+            head = "".join(f"{name}: {value}\r\n" for name, value in world["headers"].items())
+            stalled.sendall(b"POST /api/v1/events HTTP/1.1\r\nHost: t\r\n" + head.encode()
+                            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            stalled.settimeout(WAIT)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += stalled.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 204"), answer
+            acked.add(23)
             stalled.sendall(b"POST /api/v1/events HTTP/1.1\r\nHost: t\r\n")  # and then nothing
             assert send_event(server, world, 21)[0] == 204  # served meanwhile
             stalled.settimeout(READ_TIMEOUT + 20)
