@@ -10,7 +10,8 @@ creates the new ones, and the rows are copied over. Versions 14 and 15 move tabl
 same way; versions 16 and 19 add columns (below). Version 20 only adds a table (funnels),
 which schema.sql makes in an older file as in a new one: no step here
 (tests/test_funnels.py upgrades a version-16 database on both engines). SQLite goes from
-21 to 24, past PostgreSQL's own 22 and 23; version 25 adds visitor_salts.dated on both.
+21 to 24, past PostgreSQL's own 22 and 23; version 25 adds visitor_salts.dated on both;
+version 26 (PostgreSQL only) leaves a fifth of sessions' pages free for the flush's updates.
 """
 
 from __future__ import annotations
@@ -195,6 +196,9 @@ POSTGRES_STEPS: dict[int, tuple[str, ...]] = {
          " AND s.visitor_id = sv.visitor_id AND s.site_id = sv.site_id",),
     25: ("ALTER TABLE visitor_salts ADD COLUMN IF NOT EXISTS dated BIGINT NOT NULL DEFAULT 0"
          " CHECK (dated IN (0, 1))",),
+    # Version 26 (PostgreSQL only): sessions' pages keep a fifth free for the flush's
+    # updates (schema_postgres.sql runs the ALTER TABLE itself).
+    26: (),
 }
 
 # Run before schema_postgres.sql, for databases older than the version: what must be out

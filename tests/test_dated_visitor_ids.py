@@ -16,7 +16,16 @@ import webtest
 from app import create_app
 from enrichment.visitor import visitor_id
 from storage.sessions import defined_first_touches, stored_first_touches
-from tests.conftest import WAIT, bearer, cli_json, config_for, execute, is_postgres, rows
+from tests.conftest import (
+    WAIT,
+    bearer,
+    cli_json,
+    config_for,
+    execute,
+    is_postgres,
+    latest_version,
+    rows,
+)
 from validation.event import pack_ip
 
 DAY = 86_400
@@ -70,7 +79,7 @@ def test_an_upgrade_mid_day_splits_no_visitor_and_the_next_day_is_dated(
 
     restarted = create_app(config_for(db_path), clock=clock)
     try:
-        assert restarted.db.schema_version() == restarted.db.latest_version == 25
+        assert restarted.db.schema_version() == restarted.db.latest_version == latest_version(db_path)
         assert _dated(db_path) == {TODAY: 0}
         restarted.start()
         app = webtest.TestApp(restarted)
