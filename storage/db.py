@@ -55,15 +55,16 @@ WRITE_TURN_SUFFIX = "-writeturn"
 
 class _TurnWait:
     """A blocking flock taken in a thread of its own, so that its caller can stop waiting at
-    its deadline (a flock wait cannot time out). A wait given up owns the descriptor: when
-    the flock comes, it is given back and the descriptor closed."""
+    its deadline (a flock wait cannot time out). A wait given up keeps its place in the
+    kernel's queue and is taken up again by the connection's next transaction; one that
+    gets the flock while given up gives it back and closes its descriptor."""
 
     def __init__(self, fd: int):
         self.fd = fd
         self.done = _thread.allocate_lock()
         self.done.acquire()
         self.guard = _thread.allocate_lock()
-        self.got = self.given_up = False
+        self.got = self.given_up = self.finished = False
 
     def run(self) -> None:
         try:
@@ -72,6 +73,7 @@ class _TurnWait:
         except OSError:
             got = False
         with self.guard:
+            self.finished = True
             if self.given_up:
                 if got:
                     fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -85,9 +87,21 @@ class _TurnWait:
         wait is given up (and the descriptor with it)."""
         self.done.acquire(timeout=max(timeout, 0))
         with self.guard:
-            if not self.got:
+            if self.got:
+                return True
+            if self.finished:
+                os.close(self.fd)  # the flock failed: nothing more comes
+            else:
                 self.given_up = True
-            return self.got
+            return False
+
+    def take_up(self) -> bool:
+        """Waits again, if the wait given up is still in the kernel's queue."""
+        with self.guard:
+            if self.finished:
+                return False
+            self.given_up = False
+            return True
 
 
 class _WriteTurn:
@@ -100,27 +114,35 @@ class _WriteTurn:
         self.fd: int | None = None
         self.pid = 0
         self.held = False
+        self.pending: _TurnWait | None = None  # a wait given up, still queued
 
     def take(self, deadline: float) -> bool:
         """Waits for the turn up to `deadline` (time.monotonic); False when it did not come
         or there is no file to lock (then the caller waits for SQLite's lock alone)."""
-        fd = self._descriptor()
-        if fd is None:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self.held = True
-            return True
-        except BlockingIOError:
-            pass
-        except OSError:
-            return False  # a file system without flock: SQLite's lock alone
-        waiting = _TurnWait(fd)
-        _thread.start_new_thread(waiting.run, ())
+        if self.pid != os.getpid():
+            # After a fork the parent's descriptor shares the parent's flock: never given
+            # back or closed here; the parent's waits are not this process's.
+            self.fd, self.held, self.pending = None, False, None
+        waiting, self.pending = self.pending, None
+        if waiting is None or not waiting.take_up():
+            fd = self._descriptor()
+            if fd is None:
+                return False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.held = True
+                return True
+            except BlockingIOError:
+                pass
+            except OSError:
+                return False  # a file system without flock: SQLite's lock alone
+            waiting = _TurnWait(fd)
+            self.fd = None  # the wait's until it has the flock
+            _thread.start_new_thread(waiting.run, ())
         if waiting.wait(deadline - time.monotonic()):
-            self.held = True
+            self.fd, self.held = waiting.fd, True
             return True
-        self.fd = None  # the given-up wait closes it; the next turn opens another
+        self.pending = waiting
         return False
 
     def give_back(self) -> None:
@@ -132,12 +154,9 @@ class _WriteTurn:
         if self.fd is not None and self.pid == os.getpid():
             os.close(self.fd)
         self.fd, self.held = None, False
+        self.pending = None  # given up: it closes its own descriptor when the flock comes
 
     def _descriptor(self) -> int | None:
-        if self.pid != os.getpid():
-            # After a fork the parent's descriptor shares the parent's flock: never given
-            # back or closed here.
-            self.fd, self.held = None, False
         if self.fd is None:
             try:
                 self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)

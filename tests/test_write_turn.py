@@ -197,9 +197,13 @@ def test_a_turn_held_without_sqlites_lock_delays_to_the_deadline_and_never_refus
     try:
         db = Database(path, busy_timeout_ms=200)
         conn = db.connect()
-        for n in range(2):  # the given-up wait's descriptor is not reused
+        waits = []
+        for n in range(2):
             with db.transaction(conn):
                 conn.execute("INSERT INTO turns(who) VALUES (?)", (f"w{n}",))
+            waits.append(conn.write_turn.pending)
+        # The wait given up stays queued and is taken up again: one waiting thread.
+        assert waits[0] is not None and waits[0] is waits[1]
         conn.close()
     finally:
         stop(stuck)
