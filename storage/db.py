@@ -7,7 +7,9 @@ per process, the first time any connection is made.
 
 from __future__ import annotations
 
+import _thread
 import errno
+import fcntl
 import functools
 import os
 import re
@@ -35,19 +37,153 @@ def schema() -> tuple[int, str]:
 
 # How long a request-path write waits for the write lock before it is answered 503.
 BUSY_TIMEOUT_MS = 5_000
-# How often a transaction waiting for the write lock tries again. SQLite's own busy
-# handler backs off to 100 ms sleeps, so a writer that has waited a while sleeps through
-# the moments the lock is free and later arrivals take it first (a payment's p99 was the
-# other worker's flushes and payments many times over); trying every millisecond takes
-# the lock within a millisecond of its release, whoever asked first, for a few
-# microseconds of CPU a try.
+# How often a transaction waiting for SQLite's write lock tries again, once it has its
+# turn (below) or when it has none. SQLite's own busy handler backs off to 100 ms sleeps,
+# so a writer that has waited a while sleeps through the moments the lock is free and
+# later arrivals take it first; trying every millisecond takes the lock within a
+# millisecond of its release, for a few microseconds of CPU a try.
 WRITE_LOCK_POLL_S = 0.001
+# The write turn: before BEGIN IMMEDIATE every writer of Database.connect's connections
+# (each worker's payment writer and flush thread, the request path's own writes, in every
+# process) takes an exclusive flock on this file beside the database, and gives it back
+# after COMMIT or ROLLBACK. A writer waiting for its turn sleeps in the kernel and is woken
+# the moment the turn is given back, instead of finding the lock free only at its next
+# try; the kernel drops a killed process's flock. A file that cannot be opened (a
+# read-only folder) leaves the writers polling SQLite's lock alone, as they did before.
+WRITE_TURN_SUFFIX = "-writeturn"
+
+
+class _TurnWait:
+    """A blocking flock taken in a thread of its own, so that its caller can stop waiting at
+    its deadline (a flock wait cannot time out). A wait given up keeps its place in the
+    kernel's queue and is taken up again by the connection's next transaction; one that
+    gets the flock while given up gives it back and closes its descriptor."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.done = _thread.allocate_lock()
+        self.done.acquire()
+        self.guard = _thread.allocate_lock()
+        self.got = self.given_up = self.finished = False
+
+    def run(self) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            got = True
+        except OSError:
+            got = False
+        with self.guard:
+            self.finished = True
+            if self.given_up:
+                if got:
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
+                os.close(self.fd)
+                return
+            self.got = got
+        self.done.release()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the flock is held by the time `timeout` (seconds) has passed; if not, the
+        wait is given up (and the descriptor with it)."""
+        self.done.acquire(timeout=max(timeout, 0))
+        with self.guard:
+            if self.got:
+                return True
+            if self.finished:
+                os.close(self.fd)  # the flock failed: nothing more comes
+            else:
+                self.given_up = True
+            return False
+
+    def take_up(self) -> bool:
+        """Waits again, if the wait given up is still in the kernel's queue."""
+        with self.guard:
+            if self.finished:
+                return False
+            self.given_up = False
+            return True
+
+
+class _WriteTurn:
+    """A connection's turn for the write lock: an exclusive flock on WRITE_TURN_SUFFIX's
+    file through a descriptor of the connection's own (a flock belongs to its open file, so
+    two threads of a process each wait for their own), opened at the first write."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd: int | None = None
+        self.pid = 0
+        self.held = False
+        self.pending: _TurnWait | None = None  # a wait given up, still queued
+
+    def take(self, deadline: float) -> bool:
+        """Waits for the turn up to `deadline` (time.monotonic); False when it did not come
+        or there is no file to lock (then the caller waits for SQLite's lock alone)."""
+        if self.pid != os.getpid():
+            # After a fork the parent's descriptor shares the parent's flock: never given
+            # back or closed here; the parent's waits are not this process's.
+            self.fd, self.held, self.pending = None, False, None
+        waiting, self.pending = self.pending, None
+        if waiting is None or not waiting.take_up():
+            fd = self._descriptor()
+            if fd is None:
+                return False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.held = True
+                return True
+            except BlockingIOError:
+                pass
+            except OSError:
+                return False  # a file system without flock: SQLite's lock alone
+            waiting = _TurnWait(fd)
+            self.fd = None  # the wait's until it has the flock
+            _thread.start_new_thread(waiting.run, ())
+        if waiting.wait(deadline - time.monotonic()):
+            self.fd, self.held = waiting.fd, True
+            return True
+        self.pending = waiting
+        return False
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self.fd is not None and self.pid == os.getpid():
+            os.close(self.fd)
+        self.fd, self.held = None, False
+        self.pending = None  # given up: it closes its own descriptor when the flock comes
+
+    def _descriptor(self) -> int | None:
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            except OSError:
+                try:  # a lock file another user made: flock needs no write access
+                    self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    return None
+            self.pid = os.getpid()
+        return self.fd
 
 
 class _Connection(sqlite3.Connection):
-    """A connection that remembers how long its transactions wait for the write lock."""
+    """A connection that remembers how long its transactions wait for the write lock, and
+    its turn for it."""
 
     lock_wait_ms: int | None = None
+    write_turn: _WriteTurn | None = None
+
+    def close(self) -> None:
+        if self.write_turn is not None:
+            self.write_turn.close()
+        super().close()
+
+    def __del__(self) -> None:
+        if self.write_turn is not None:
+            self.write_turn.close()
 
 
 class StorageError(Exception):
@@ -224,6 +360,8 @@ class Database:
                 conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")  # sql-safe: an int
             conn.lock_wait_ms = int(self.busy_timeout_ms if busy_timeout_ms is None
                                     else busy_timeout_ms)
+            if self.path != ":memory:":
+                conn.write_turn = _WriteTurn(self.path + WRITE_TURN_SUFFIX)
         except (sqlite3.DatabaseError, StorageError):
             conn.close()
             raise
@@ -364,6 +502,8 @@ class Database:
             if isinstance(exc, sqlite3.Error):
                 raise self._error(exc) from exc
             raise
+        finally:
+            give_back_turn(conn)
 
     def grouped_transaction(self, conn: sqlite3.Connection, items: list,
                             write: Callable[[object], None], *, sites=None,
@@ -433,26 +573,43 @@ class Database:
 
 
 def begin_immediate(conn: sqlite3.Connection) -> None:
-    """BEGIN IMMEDIATE, waiting for the write lock up to the connection's busy timeout by
-    trying again every WRITE_LOCK_POLL_S (a connection not made by Database.connect waits
-    as SQLite's busy handler does)."""
+    """BEGIN IMMEDIATE, waiting for the write lock up to the connection's busy timeout: first
+    for the connection's write turn (WRITE_TURN_SUFFIX), then for SQLite's lock by trying
+    again every WRITE_LOCK_POLL_S (SQLite's lock is tried at least once, turn or not, so a
+    timeout is SQLite's own "database is locked"). A connection not made by
+    Database.connect waits as SQLite's busy handler does. The turn is given back by
+    give_back_turn, after the transaction's COMMIT or ROLLBACK (or here, on a failure)."""
     wait_ms = getattr(conn, "lock_wait_ms", None)
     if not wait_ms:
         conn.execute("BEGIN IMMEDIATE")
         return
+    deadline = time.monotonic() + wait_ms / 1000
+    turn = conn.write_turn
+    took = turn is not None and not turn.held and turn.take(deadline)
     try:
         conn.execute("PRAGMA busy_timeout = 0")
-        deadline = time.monotonic() + wait_ms / 1000
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if not is_transient(exc) or time.monotonic() >= deadline:
-                    raise
-            time.sleep(WRITE_LOCK_POLL_S)
-    finally:
-        conn.execute(f"PRAGMA busy_timeout = {int(wait_ms)}")  # sql-safe: an int
+        try:
+            while True:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    if not is_transient(exc) or time.monotonic() >= deadline:
+                        raise
+                time.sleep(WRITE_LOCK_POLL_S)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(wait_ms)}")  # sql-safe: an int
+    except BaseException:
+        if took:
+            turn.give_back()
+        raise
+
+
+def give_back_turn(conn: sqlite3.Connection) -> None:
+    """Gives back the write turn begin_immediate took, once the transaction has ended."""
+    turn = getattr(conn, "write_turn", None)
+    if turn is not None:
+        turn.give_back()
 
 
 def grouped_transaction(conn: sqlite3.Connection, items: list,
@@ -481,6 +638,8 @@ def grouped_transaction(conn: sqlite3.Connection, items: list,
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+    finally:
+        give_back_turn(conn)
     return failures
 
 

@@ -768,14 +768,24 @@ def http(method: str, url: str, body: bytes | None = None, headers: dict | None 
 
 class WriteLock:
     """Holds the database's write lock, as another writer would: SQLite's BEGIN IMMEDIATE
-    on a connection of its own, PostgreSQL's writer lock (storage/postgres.py)."""
+    on a connection of its own, PostgreSQL's writer lock (storage/postgres.py). `turn`:
+    on SQLite, first the write turn too, as a Tally writer of another process holds it
+    (storage.db.WRITE_TURN_SUFFIX); without it, as a writer outside Tally."""
 
-    def __init__(self, db: str):
+    def __init__(self, db: str, *, turn: bool = False):
+        self.turn = None
         if is_postgres(db):
             from storage.postgres import PostgresDatabase
 
             self.conn = PostgresDatabase(db).connect()
         else:
+            if turn:
+                import fcntl
+
+                from storage.db import WRITE_TURN_SUFFIX
+
+                self.turn = os.open(db + WRITE_TURN_SUFFIX, os.O_RDWR | os.O_CREAT)
+                fcntl.flock(self.turn, fcntl.LOCK_EX)
             self.conn = sqlite3.connect(db, isolation_level=None)
         self.conn.execute("BEGIN IMMEDIATE")
 
@@ -784,6 +794,9 @@ class WriteLock:
             self.conn.execute("ROLLBACK")
             self.conn.close()
             self.conn = None
+        if self.turn is not None:
+            os.close(self.turn)  # gives the turn back
+            self.turn = None
 
 
 @pytest.fixture

@@ -456,9 +456,11 @@ def impatient(config, clock):
     app.stop(timeout=5)
 
 
-def test_locked_database_is_503_with_retry_after_then_retry_succeeds(impatient, db_path):
+@pytest.mark.parametrize("holds_turn", [False, True], ids=["outside-writer", "tally-writer"])
+def test_locked_database_is_503_with_retry_after_then_retry_succeeds(impatient, db_path,
+                                                                       holds_turn):
     client, site = impatient
-    blocker = WriteLock(db_path)
+    blocker = WriteLock(db_path, turn=holds_turn)
     try:
         resp = post(client, site, BASE)
         error = assert_envelope(resp, 503, "rate_limited")
