@@ -14,10 +14,21 @@ Each releases and takes back the GIL, which the flush thread and the other reque
 threads want, so here a socket keeps its timeout (its descriptor stays non-blocking,
 which is all the poller needs) and the heartbeat and parent checks run at most every
 HEARTBEAT_EVERY seconds (the arbiter's timeout is 30 s).
+
+Workers share one listening socket, and a keep-alive connection stays with the worker that
+accepted it. Both workers' pollers wake for a new connection and the first to call
+accept() wins, so a burst of connections (a client's pool, a proxy's upstream keep-alive)
+could all land on one worker, whose queue then fills while the other idles (one worker held
+16 of wrk's 16 connections in the bench). So the workers publish how many connections each
+holds in a mapping the master makes before it forks them, and a worker holding more than
+its share of all of them stops watching the listener for ACCEPT_PAUSE seconds, long enough
+for an idle worker to take the connection; if none does, it takes it itself, and accepts
+without pausing for GREEDY_AFTER_PAUSE seconds.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import selectors
 import threading
@@ -32,6 +43,16 @@ HEARTBEAT_EVERY = 0.5
 # The OS name of the threads that serve requests (top -H, /proc/PID/task/TID/comm): the
 # bench tells their CPU from the flush thread's by it (bench/measure.py).
 REQUEST_THREAD_NAME = "tally-request"
+ACCEPT_PAUSE = 0.05
+# When a pause ends with no other worker having taken the connection (the others busy or
+# gone), this worker accepts without pausing for this long.
+GREEDY_AFTER_PAUSE = 1.0
+# A slot of connections held for each worker, by its age (gunicorn numbers the workers it
+# forks); two live workers share a slot only BALANCE_SLOTS forks apart, and a killed
+# worker's stale count only makes the others pause less.
+BALANCE_SLOTS = 256
+_SHARED = mmap.mmap(-1, 4 * BALANCE_SLOTS)  # anonymous and shared: the workers inherit it
+HELD = memoryview(_SHARED).cast("i")
 
 
 def name_os_thread(name: str) -> None:
@@ -55,25 +76,70 @@ class TallyThreadWorker(ThreadWorker):
         """gthread's loop, less its `futures.wait(self.futures, timeout=0)` on every pass
         (9-21 us of Python a pass with 1-16 requests in flight, a pass or more a request):
         finish_request drops each finished future from self.futures instead."""
+        self._slot = self.age % BALANCE_SLOTS
+        self._listeners = []
         for sock in self.sockets:
             sock.setblocking(False)
             server = sock.getsockname()
-            self.poller.register(sock, selectors.EVENT_READ, partial(self.accept, server))
+            self._listeners.append((sock, partial(self.accept, server)))
+            self.poller.register(sock, selectors.EVENT_READ, self._listeners[-1][1])
+        self._resume_at = None
+        self._greedy_until = 0.0
         while self.alive:
             self.notify()
+            HELD[self._slot] = self.nr_conns
+            if self._resume_at is not None:
+                now = time.monotonic()
+                if now >= self._resume_at:
+                    self._listen()
+                    held = self.nr_conns
+                    for sock, accept in self._listeners:
+                        ThreadWorker.accept(self, accept.args[0], sock)
+                    if self.nr_conns > held:
+                        # No other worker took what was waiting (they are busy or gone):
+                        # this one takes what comes for a while.
+                        self._greedy_until = now + GREEDY_AFTER_PAUSE
+                elif not self._over_share():
+                    self._listen()
             if self.nr_conns < self.worker_connections:
-                for key, _ in self.poller.select(1.0):
+                wait = 1.0 if self._resume_at is None else ACCEPT_PAUSE
+                for key, _ in self.poller.select(wait):
                     key.data(key.fileobj)
             else:
                 futures.wait(self.futures, timeout=1.0, return_when=futures.FIRST_COMPLETED)
             if not self.is_parent_alive():
                 break
             self.murder_keepalived()
+        HELD[self._slot] = 0
         self.tpool.shutdown(False)
         self.poller.close()
         for sock in self.sockets:
             sock.close()
         futures.wait(self.futures, timeout=self.cfg.graceful_timeout)
+
+    def _over_share(self) -> bool:
+        """Whether this worker holds more than its share of all workers' connections."""
+        workers = self.cfg.workers
+        if workers < 2 or self.nr_conns < 1:
+            return False
+        HELD[self._slot] = self.nr_conns
+        return self.nr_conns > -(-sum(HELD) // workers)
+
+    def accept(self, server, listener):
+        if (self._resume_at is None and self._over_share()
+                and time.monotonic() >= self._greedy_until):
+            # Another worker may take this connection: stop watching the listeners.
+            self._resume_at = time.monotonic() + ACCEPT_PAUSE
+            for sock, _ in self._listeners:
+                self.poller.unregister(sock)
+            return
+        super().accept(server, listener)
+        HELD[self._slot] = self.nr_conns
+
+    def _listen(self):
+        self._resume_at = None
+        for sock, accept in self._listeners:
+            self.poller.register(sock, selectors.EVENT_READ, accept)
 
     def _woken(self, fd):
         try:
