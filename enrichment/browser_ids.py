@@ -27,6 +27,11 @@ from storage.events import EventRow, new_event_row
 
 _VISITOR = EventRow._fields.index("visitor_id")
 
+
+def _with_visitor(row: EventRow, visitor: int) -> EventRow:
+    """`row` with its visitor replaced, made in C (EventRow._replace is Python)."""
+    return new_event_row(row[:_VISITOR] + (visitor,) + row[_VISITOR + 1:])
+
 __all__ = ["BrowserIds", "BrowserVisitors", "browser_visitor_id", "is_browser_id"]
 
 
@@ -45,9 +50,6 @@ class BrowserIds:
             self._key = store.browser_id_key(conn, self.random_bytes, int(self.clock() * 1000),
                                              self.db)
         return self._key
-
-    def visitor_id(self, conn: Connection, site_id: int, browser_id: str) -> int:
-        return browser_visitor_id(self.key(conn), site_id, browser_id)
 
 
 class BrowserVisitors:
@@ -90,8 +92,7 @@ class BrowserVisitors:
             for event in unit.events:
                 row = rows[index]
                 daily = row[_VISITOR]
-                # A row with its visitor replaced, made in C (EventRow._replace is Python).
-                rows[index] = new_event_row(row[:_VISITOR] + (visitor,) + row[_VISITOR + 1:])
+                rows[index] = _with_visitor(row, visitor)
                 index += 1
                 if daily is not None:
                     seen = links.get((site_id, daily))
@@ -107,8 +108,7 @@ class BrowserVisitors:
                 for i in indexes:
                     visitor = found.get(rows[i].visitor_id)
                     if visitor is not None:
-                        row = rows[i]
-                        rows[i] = new_event_row(row[:_VISITOR] + (visitor,) + row[_VISITOR + 1:])
+                        rows[i] = _with_visitor(rows[i], visitor)
         return [(site_id, daily, visitor, day, seen)
                 for (site_id, daily), (visitor, day, seen) in links.items()]
 
