@@ -114,6 +114,18 @@ def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM,
     return proc.returncode
 
 
+def read_head(sock) -> bytes:
+    """What a socket gives until an HTTP answer's head has ended (a blank line) or the peer
+    closed: the head, and any of the body that came with it."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        piece = sock.recv(65536)
+        if not piece:
+            break
+        answer += piece
+    return answer
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "sqlite_only: checks the SQLite file itself; not run on PostgreSQL")

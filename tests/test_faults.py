@@ -29,6 +29,7 @@ from tests.conftest import (
     http,
     is_postgres,
     provision,
+    read_head,
     rows,
     run_cli,
 )
@@ -335,9 +336,7 @@ def test_a_stalled_client_holds_only_its_own_connection(db_path):
             stalled.sendall(b"POST /api/v1/events HTTP/1.1\r\nHost: t\r\n" + head.encode()
                             + b"Content-Length: %d\r\n\r\n" % len(body) + body)
             stalled.settimeout(WAIT)
-            answer = b""
-            while b"\r\n\r\n" not in answer:
-                answer += stalled.recv(4096)
+            answer = read_head(stalled)
             assert answer.startswith(b"HTTP/1.1 204"), answer
             acked.add(23)
             stalled.sendall(b"POST /api/v1/events HTTP/1.1\r\nHost: t\r\n")  # and then nothing

@@ -8,7 +8,7 @@ import socket
 import orjson
 import pytest
 
-from tests.conftest import WAIT, Server, provision
+from tests.conftest import WAIT, Server, provision, read_head
 from tests.test_startup_faults import assert_refused
 
 pytestmark = pytest.mark.slow
@@ -45,13 +45,7 @@ def served(servers, backend):
 def raw_request(port: int, data: bytes, timeout: float = WAIT) -> tuple[int, bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(data)
-        answer = b""
-        while b"\r\n\r\n" not in answer:
-            piece = sock.recv(65536)
-            if not piece:
-                break
-            answer += piece
-        head, _, body = answer.partition(b"\r\n\r\n")
+        head, _, body = read_head(sock).partition(b"\r\n\r\n")
         length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                        if line.lower().startswith(b"content-length:")), 0)
         while len(body) < length:

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from tests.conftest import WAIT, wait_until
+from tests.conftest import WAIT, read_head, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -23,37 +23,57 @@ def _workers(master: int) -> list[int]:
         return [int(pid) for pid in children.read().split()]
 
 
+def _sockets(port: int, state: str) -> set[str]:
+    """The inodes of the TCP sockets of local `port` in `state` (01 established, 0A listen)."""
+    with open("/proc/net/tcp") as table:
+        return {fields[9] for fields in (line.split() for line in table.readlines()[1:])
+                if int(fields[1].split(":")[1], 16) == port and fields[3] == state}
+
+
+def _socket_fds(pid: int) -> dict[str, str]:
+    """A process's sockets: inode -> its descriptor's number."""
+    folder = f"/proc/{pid}/fd"
+    found = {}
+    for fd in os.listdir(folder):
+        try:
+            target = os.readlink(f"{folder}/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            found[target[8:-1]] = fd
+    return found
+
+
 def _connections_held(pids: list[int], port: int) -> dict[int, int]:
     """How many established connections to `port` each process holds."""
-    inodes = set()
-    with open("/proc/net/tcp") as table:
-        for line in table.readlines()[1:]:
-            fields = line.split()
-            if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":
-                inodes.add(fields[9])
-    held = {}
-    for pid in pids:
-        folder = f"/proc/{pid}/fd"
-        targets = []
-        for fd in os.listdir(folder):
-            try:
-                targets.append(os.readlink(f"{folder}/{fd}"))
-            except OSError:
-                pass  # closed meanwhile
-        held[pid] = sum(1 for target in targets
-                        if target.startswith("socket:[") and target[8:-1] in inodes)
-    return held
+    established = _sockets(port, "01")
+    return {pid: len(established & _socket_fds(pid).keys()) for pid in pids}
 
 
-def _answered(sock: socket.socket) -> bytes:
-    sock.settimeout(WAIT)
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        answer += chunk
-    return answer
+def _watches_listener(pid: int, port: int) -> bool:
+    """Whether a worker's poller (an epoll descriptor) watches the listening socket: its
+    loop has started and it accepts."""
+    fds = _socket_fds(pid)
+    listening = [fds[inode] for inode in _sockets(port, "0A") if inode in fds]
+    folder = f"/proc/{pid}/fdinfo"
+    for fd in os.listdir(folder):
+        try:
+            with open(f"{folder}/{fd}") as info:
+                watched = {line.split()[1] for line in info if line.startswith("tfd:")}
+        except OSError:
+            continue
+        if watched.intersection(listening):
+            return True
+    return False
+
+
+def _accepting_workers(server) -> list[int]:
+    """The server's two workers, once both have started their loops (the master answers
+    /healthz through the first one up)."""
+    assert wait_until(lambda: len(_workers(server.proc.pid)) == 2
+                      and all(_watches_listener(pid, server.port)
+                              for pid in _workers(server.proc.pid)))
+    return _workers(server.proc.pid)
 
 
 def _connect(port: int, count: int) -> list[socket.socket]:
@@ -62,7 +82,7 @@ def _connect(port: int, count: int) -> list[socket.socket]:
     for sock in socks:
         sock.sendall(REQUEST)
     for sock in socks:
-        assert _answered(sock).startswith(b"HTTP/1.1 200")
+        assert read_head(sock).startswith(b"HTTP/1.1 200")
     return socks
 
 
@@ -73,8 +93,7 @@ def _wait_held(pids: list[int], port: int, total: int) -> dict[int, int]:
 
 def test_a_burst_of_keep_alive_connections_is_shared_by_both_workers(server_factory, tmp_path):
     server = server_factory(str(tmp_path / "tally.db"), workers=2)
-    pids = _workers(server.proc.pid)
-    assert len(pids) == 2
+    pids = _accepting_workers(server)
     socks = _connect(server.port, 16)
     try:
         held = _wait_held(pids, server.port, 16)
@@ -88,7 +107,7 @@ def test_a_burst_of_keep_alive_connections_is_shared_by_both_workers(server_fact
 def test_with_the_other_worker_stopped_a_worker_over_its_share_still_takes_every_connection(
         server_factory, tmp_path):
     server = server_factory(str(tmp_path / "tally.db"), workers=2)
-    pids = _workers(server.proc.pid)
+    pids = _accepting_workers(server)
     first = _connect(server.port, 4)
     held = _wait_held(pids, server.port, 4)
     busy = max(held, key=held.get)
